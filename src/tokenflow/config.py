@@ -1,0 +1,262 @@
+"""The model configuration: one dataclass with Hugging Face field names.
+
+Shape letters used across the package: B batch, S sequence, T tokens (B*S), H hidden,
+V vocab, E experts, K top-k, D head_dim.
+
+Field names follow the ``config.json`` files that Hugging Face transformers reads
+(``LlamaConfig``, ``MixtralConfig``, ``DeepseekV3Config``), so a reader can lay our tiny
+config next to a real one (see ``shared/reference/models.json`` in the project and
+``tokenflow/data/models.json`` in the package).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, asdict
+from typing import Any
+
+__all__ = ["ModelConfig", "PRESETS", "preset"]
+
+_SCORING = ("softmax", "sigmoid")
+
+
+@dataclass
+class ModelConfig:
+    """Hyper-parameters of the shared decoder-only model.
+
+    Attention is Llama-style (RMSNorm, RoPE, grouped-query attention); the feed-forward of
+    layer ``i`` is a dense SwiGLU FFN when ``num_experts == 0`` or ``i < first_k_dense_replace``,
+    else a mixture of experts (Mixtral / Qwen-MoE softmax routing, or DeepSeek-V3 sigmoid
+    routing with a selection-only bias and group-limited choice; DeepSeek-V3 report,
+    arXiv:2412.19437, section 2.1.2).
+
+    Fields (HF names):
+        vocab_size: V, rows of the embedding table and of the LM head.
+        hidden_size: H, width of the hidden state.
+        num_hidden_layers: number of decoder blocks.
+        num_attention_heads: query heads.
+        num_key_value_heads: key/value heads (GQA); must divide ``num_attention_heads``.
+        head_dim: D; ``None`` means ``hidden_size // num_attention_heads``.
+        intermediate_size: width of the dense SwiGLU FFN.
+        moe_intermediate_size: width of each expert's SwiGLU FFN.
+        num_experts: E routed experts (0 = dense model).
+        num_experts_per_tok: K, experts chosen per token.
+        num_shared_experts: experts every token goes through (DeepSeek style).
+        first_k_dense_replace: the first k layers use the dense FFN even in an MoE model.
+        scoring_func: ``"softmax"`` (Mixtral/Qwen) or ``"sigmoid"`` (DeepSeek-V3).
+        norm_topk_prob: renormalise the K chosen weights to sum to 1.
+        routed_scaling_factor: multiplies the routed weights (DeepSeek-V3 uses 2.5).
+        n_group, topk_group: group-limited routing (choose ``topk_group`` of ``n_group``
+            expert groups first); ``n_group=1`` disables it.
+        max_position_embeddings: longest sequence (prompt + generated) the model accepts.
+        rope_theta: RoPE base frequency.
+        rms_norm_eps: epsilon in RMSNorm.
+        tie_word_embeddings: share the embedding table with the LM head.
+        pad_token_id, bos_token_id, eos_token_id: special token ids.
+
+    Raises:
+        ValueError: on any inconsistent field, naming the field and the allowed range.
+        TypeError: when an integer field is not an int.
+    """
+
+    vocab_size: int = 512
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int | None = None
+    intermediate_size: int = 128
+    moe_intermediate_size: int = 64
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    num_shared_experts: int = 1
+    first_k_dense_replace: int = 0
+    scoring_func: str = "softmax"
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    max_position_embeddings: int = 128
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    pad_token_id: int = 0
+    bos_token_id: int = 1
+    eos_token_id: int = 2
+    name: str = field(default="custom", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            if not isinstance(self.num_attention_heads, int) or self.num_attention_heads < 1:
+                raise ValueError(
+                    f"num_attention_heads must be an int >= 1, got {self.num_attention_heads!r}")
+            if self.hidden_size % self.num_attention_heads != 0:
+                raise ValueError(
+                    f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                    f"({self.num_attention_heads}) when head_dim is not given")
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field; raise ``ValueError``/``TypeError`` naming the first bad one."""
+        ints_ge1 = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "head_dim", "intermediate_size",
+                    "moe_intermediate_size", "max_position_embeddings", "n_group", "topk_group"]
+        ints_ge0 = ["num_experts", "num_experts_per_tok", "num_shared_experts",
+                    "first_k_dense_replace"]
+        for name in ints_ge1 + ints_ge0:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
+            lo = 1 if name in ints_ge1 else 0
+            if v < lo:
+                raise ValueError(f"{name} must be >= {lo}, got {v}")
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ValueError(
+                f"num_key_value_heads ({self.num_key_value_heads}) must divide "
+                f"num_attention_heads ({self.num_attention_heads})")
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.num_experts > 0:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(
+                    f"num_experts_per_tok must be in [1, num_experts={self.num_experts}], "
+                    f"got {self.num_experts_per_tok}")
+            if self.num_experts % self.n_group != 0:
+                raise ValueError(
+                    f"n_group ({self.n_group}) must divide num_experts ({self.num_experts})")
+            if not 1 <= self.topk_group <= self.n_group:
+                raise ValueError(
+                    f"topk_group must be in [1, n_group={self.n_group}], got {self.topk_group}")
+            if self.n_group > 1 and self.topk_group * (self.num_experts // self.n_group) < \
+                    self.num_experts_per_tok:
+                raise ValueError(
+                    "topk_group * (num_experts // n_group) must be >= num_experts_per_tok, got "
+                    f"{self.topk_group} * {self.num_experts // self.n_group} < "
+                    f"{self.num_experts_per_tok}")
+        if self.scoring_func not in _SCORING:
+            raise ValueError(f"scoring_func must be one of {_SCORING}, got {self.scoring_func!r}")
+        if self.rope_theta <= 0:
+            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
+        if self.rms_norm_eps <= 0:
+            raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            v = getattr(self, name)
+            if not 0 <= v < self.vocab_size:
+                raise ValueError(f"{name} must be in [0, vocab_size={self.vocab_size}), got {v}")
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def is_moe(self) -> bool:
+        """True when at least one layer routes tokens to experts."""
+        return self.num_experts > 0 and self.first_k_dense_replace < self.num_hidden_layers
+
+    def layer_is_moe(self, layer_idx: int) -> bool:
+        """True when decoder block ``layer_idx`` uses the MoE feed-forward."""
+        return self.num_experts > 0 and layer_idx >= self.first_k_dense_replace
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A validated copy with some fields changed (``head_dim`` is re-derived if not given)."""
+        d = asdict(self)
+        if "head_dim" not in changes and ("hidden_size" in changes
+                                          or "num_attention_heads" in changes):
+            d["head_dim"] = None
+        d.update(changes)
+        return ModelConfig(**d)
+
+    def to_dict(self) -> dict:
+        """Plain dict of all fields (JSON-serialisable)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        """Inverse of :meth:`to_dict`; unknown keys raise ``TypeError`` naming them."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise TypeError(f"unknown ModelConfig fields: {unknown}")
+        return cls(**d)
+
+    @classmethod
+    def from_hf_config(cls, hf: dict, **overrides: Any) -> "ModelConfig":
+        """Build a config from a Hugging Face ``config.json`` dict.
+
+        Understands Llama / Mistral (dense), Mixtral (``num_local_experts``), Qwen-MoE
+        (``num_experts``, ``moe_intermediate_size``, ``shared_expert_intermediate_size`` is
+        not modelled) and DeepSeek-V3 (``n_routed_experts``, ``n_shared_experts``,
+        ``scoring_func``, ``n_group``...). MLA fields of DeepSeek are not modelled: attention
+        is taken as GQA with ``num_key_value_heads`` heads of ``head_dim`` (for DeepSeek-V3,
+        ``v_head_dim``). Use :mod:`tokenflow.costmodel` for MLA cache sizes.
+
+        Raises:
+            ValueError: if the resulting config is inconsistent.
+        """
+        g = hf.get
+        n_heads = g("num_attention_heads")
+        hidden = g("hidden_size")
+        head_dim = g("head_dim") or g("v_head_dim") or hidden // n_heads
+        experts = g("num_local_experts") or g("n_routed_experts") or g("num_experts") or 0
+        arch = (g("architectures") or [""])[0] if isinstance(g("architectures"), list) else ""
+        mixtral_like = "num_local_experts" in hf or "Mixtral" in arch
+        kw = dict(
+            vocab_size=g("vocab_size"),
+            hidden_size=hidden,
+            num_hidden_layers=g("num_hidden_layers"),
+            num_attention_heads=n_heads,
+            num_key_value_heads=g("num_key_value_heads") or n_heads,
+            head_dim=head_dim,
+            intermediate_size=g("intermediate_size"),
+            moe_intermediate_size=g("moe_intermediate_size") or g("intermediate_size"),
+            num_experts=int(experts),
+            num_experts_per_tok=g("num_experts_per_tok") or (2 if experts else 0),
+            num_shared_experts=g("n_shared_experts") or 0,
+            first_k_dense_replace=g("first_k_dense_replace") or 0,
+            scoring_func=g("scoring_func") or "softmax",
+            norm_topk_prob=True if mixtral_like else bool(g("norm_topk_prob", False)),
+            routed_scaling_factor=float(g("routed_scaling_factor") or 1.0),
+            n_group=g("n_group") or 1,
+            topk_group=g("topk_group") or 1,
+            max_position_embeddings=g("max_position_embeddings") or 2048,
+            rope_theta=float(g("rope_theta") or 10000.0),
+            rms_norm_eps=float(g("rms_norm_eps") or 1e-6),
+            tie_word_embeddings=bool(g("tie_word_embeddings", False)),
+            pad_token_id=0, bos_token_id=0, eos_token_id=0,
+        )
+        kw.update(overrides)
+        return cls(**kw)
+
+
+PRESETS: dict[str, dict] = {
+    # The shared tiny model every chapter loads: 2 blocks, first dense, second MoE with
+    # 8 routed experts (top-2) and 1 shared expert. Trained by ``python -m tokenflow.train``.
+    "tiny": dict(vocab_size=512, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=192, moe_intermediate_size=64,
+                 num_experts=8, num_experts_per_tok=2, num_shared_experts=1,
+                 first_k_dense_replace=1, max_position_embeddings=128, name="tiny"),
+    # Same shape, dense FFN everywhere (maps onto LlamaForCausalLM).
+    "tiny-dense": dict(vocab_size=512, hidden_size=64, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=2, intermediate_size=192,
+                       num_experts=0, num_experts_per_tok=0, num_shared_experts=0,
+                       max_position_embeddings=128, name="tiny-dense"),
+    # A larger preset for benchmarks (hidden 512, 8 layers, Mixtral-style MoE).
+    "small-moe": dict(vocab_size=512, hidden_size=512, num_hidden_layers=8,
+                      num_attention_heads=8, num_key_value_heads=4, intermediate_size=1024,
+                      moe_intermediate_size=512, num_experts=8, num_experts_per_tok=2,
+                      num_shared_experts=0, max_position_embeddings=2048, name="small-moe"),
+    "small-dense": dict(vocab_size=512, hidden_size=512, num_hidden_layers=8,
+                        num_attention_heads=8, num_key_value_heads=4, intermediate_size=1024,
+                        num_experts=0, num_experts_per_tok=0, num_shared_experts=0,
+                        max_position_embeddings=2048, name="small-dense"),
+}
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+    """Return the named preset (``tiny``, ``tiny-dense``, ``small-moe``, ``small-dense``).
+
+    Raises:
+        ValueError: if ``name`` is not a preset.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"preset name must be one of {sorted(PRESETS)}, got {name!r}")
+    d = dict(PRESETS[name])
+    d.update(overrides)
+    return ModelConfig(**d)

@@ -1,0 +1,105 @@
+"""Prefill, decode, generate: the serving loop of one batch.
+
+* ``prefill``: the whole prompt ``[B,S]`` in one forward pass; writes every prompt token's
+  K/V into the cache and returns the last position's logits ``[B,V]``.
+* ``decode_step``: one new token per sequence ``[B,1]``; reads the cache, appends its own
+  K/V, returns logits ``[B,V]``.
+* ``generate``: prefill, then sample + decode until ``max_new_tokens`` or EOS.
+
+Named after gpt-fast's ``prefill`` / ``decode_one_token``.
+"""
+from __future__ import annotations
+
+import torch
+
+from .kv_cache import KVCache
+from .sampling import check_sampling_args, sample
+
+__all__ = ["prefill", "decode_step", "generate"]
+
+
+@torch.inference_mode()
+def prefill(model, input_ids: torch.Tensor, kv_cache: KVCache,
+            attention_mask: torch.Tensor | None = None, trace=None) -> torch.Tensor:
+    """Run the prompt ``input_ids [B,S]`` through ``model``, filling ``kv_cache``.
+
+    Returns:
+        ``[B, V]`` logits of the last prompt position (where the next token is predicted).
+
+    Raises:
+        ValueError: as the model's forward (ids, lengths, cache capacity).
+    """
+    return model(input_ids, kv_cache=kv_cache, trace=trace, attention_mask=attention_mask,
+                 logits_to_keep=1)[:, -1]
+
+
+@torch.inference_mode()
+def decode_step(model, token_ids: torch.Tensor, kv_cache: KVCache, trace=None) -> torch.Tensor:
+    """Feed one token per sequence (``token_ids [B]`` or ``[B,1]``) and return ``[B, V]``
+    logits for the following position. Reads all cached K/V and appends one slot.
+
+    Raises:
+        ValueError: if the cache is full or ids are out of range.
+    """
+    if token_ids.dim() == 1:
+        token_ids = token_ids[:, None]
+    return model(token_ids, kv_cache=kv_cache, trace=trace)[:, -1]
+
+
+@torch.inference_mode()
+def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
+             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+             min_p: float | None = None, generator: torch.Generator | None = None,
+             attention_mask: torch.Tensor | None = None, eos_token_id: int | None = None,
+             trace=None) -> torch.Tensor:
+    """Continue each prompt of ``input_ids [B,S]`` by up to ``max_new_tokens`` tokens.
+
+    Args:
+        model: a :class:`~tokenflow.model.TokenFlowModel`.
+        input_ids: ``[B,S]`` prompt ids (left-pad unequal prompts and pass ``attention_mask``).
+        max_new_tokens: number of tokens to add (>= 0).
+        temperature, top_k, top_p, min_p: sampling settings (see :mod:`tokenflow.sampling`);
+            ``temperature=0`` is greedy.
+        generator: ``torch.Generator`` for reproducible sampling.
+        attention_mask: ``[B,S]`` 1 = real token, 0 = left padding.
+        eos_token_id: once a row emits it, the row keeps emitting it; stops early when
+            every row has.
+        trace: optional :class:`~tokenflow.trace.Trace` (records every forward and
+            ``sample``).
+
+    Returns:
+        ``[B, S + n]`` int64: the prompts followed by the ``n <= max_new_tokens`` new ids.
+
+    Raises:
+        ValueError: bad sampling arguments, ``max_new_tokens < 0``, or prompt + new tokens
+            longer than ``max_position_embeddings``.
+    """
+    check_sampling_args(temperature, top_k, top_p, min_p)
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    B, S = input_ids.shape
+    limit = model.config.max_position_embeddings
+    if S + max_new_tokens > limit:
+        raise ValueError(f"prompt length {S} + max_new_tokens {max_new_tokens} exceeds "
+                         f"max_position_embeddings={limit}")
+    if max_new_tokens == 0:
+        return input_ids.clone()
+    dtype = next(model.parameters()).dtype
+    cache = KVCache(model.config, B, S + max_new_tokens, dtype=dtype, device=input_ids.device)
+    logits = prefill(model, input_ids, cache, attention_mask, trace)   # [B, V]
+    out = [input_ids]
+    done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+    for step in range(max_new_tokens):
+        nxt = sample(logits, temperature, top_k, top_p, min_p, generator)  # [B]
+        if trace is not None:
+            trace.record("sample", "sampler", logits, nxt,
+                         note=("greedy argmax" if temperature == 0 else
+                               f"T={temperature}, top_k={top_k}, top_p={top_p}"))
+        if eos_token_id is not None:
+            nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
+            done |= nxt == eos_token_id
+        out.append(nxt[:, None])
+        if step == max_new_tokens - 1 or (eos_token_id is not None and bool(done.all())):
+            break
+        logits = decode_step(model, nxt, cache, trace)
+    return torch.cat(out, dim=1)

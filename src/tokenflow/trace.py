@@ -1,0 +1,117 @@
+"""Record the arrow actions of one forward pass: what happened, to which shapes.
+
+The seed names six arrow actions; the trace records each where the code performs it:
+
+========================  ==========================================  ==========
+action                    where                                       colour
+========================  ==========================================  ==========
+``lookup``                embedding: ids ``[B,S] -> [B,S,H]``         blue
+``write KV`` / ``read KV``  attention of every block                  blue
+``route top-k``           MoE router of every MoE block               yellow
+``dispatch/combine``      MoE experts of every MoE block              yellow
+``FFN``                   dense feed-forward blocks                   blue
+``project vocab``         LM head ``[B,S,H] -> [B,S,V]``              blue
+``sample``                sampling ``[B,V] -> [B]``                   green
+========================  ==========================================  ==========
+
+Pass ``Trace()`` as ``trace=`` to the model (or to ``generate``); print it for a table.
+With ``keep_tensors=True`` it also keeps (detached) tensors that the chapters plot:
+``hidden_states`` (the residual stream after the embedding and after each block),
+``attention_weights`` (per layer ``[B, n_heads, S_q, S_k]``), ``router`` (per MoE layer,
+indices and weights ``[T, K]``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["Trace", "TraceEvent", "COLORS"]
+
+COLORS = {"hidden": "#3b7dd8", "moe": "#e0b000", "token": "#2e9e44"}
+"""The book's colour code: blue = hidden-state flow, yellow = MoE, green = generated token."""
+
+_ACTION_COLOR = {"lookup": "hidden", "write KV": "hidden", "read KV": "hidden",
+                 "FFN": "hidden", "route top-k": "moe", "dispatch/combine": "moe",
+                 "project vocab": "hidden", "sample": "token"}
+
+
+def _shape(x) -> tuple:
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else tuple(x)
+
+
+@dataclass
+class TraceEvent:
+    """One arrow action.
+
+    Attributes:
+        action: one of ``lookup``, ``write KV``, ``read KV``, ``route top-k``,
+            ``dispatch/combine``, ``FFN``, ``project vocab``, ``sample``.
+        where: the module that did it, e.g. ``"layer 1 attention"``.
+        in_shape, out_shape: tensor shapes (tuples of ints).
+        nbytes: bytes of the output tensor (or of the KV read, for ``read KV``).
+        note: a short human explanation (e.g. ``"[B,S] -> [B,S,H]"``).
+    """
+
+    action: str
+    where: str
+    in_shape: tuple
+    out_shape: tuple
+    nbytes: int = 0
+    note: str = ""
+
+    @property
+    def color(self) -> str:
+        """The colour-code group of the action: ``hidden``, ``moe`` or ``token``."""
+        return _ACTION_COLOR.get(self.action, "hidden")
+
+
+@dataclass
+class Trace:
+    """Collects :class:`TraceEvent` rows (and optionally tensors) during forward passes.
+
+    Args:
+        keep_tensors: also keep hidden states, attention weights and router choices
+            (costs memory; meant for the tiny model).
+    """
+
+    keep_tensors: bool = False
+    events: list[TraceEvent] = field(default_factory=list)
+    hidden_states: list[torch.Tensor] = field(default_factory=list)
+    attention_weights: dict[int, torch.Tensor] = field(default_factory=dict)
+    router: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+
+    def record(self, action: str, where: str, inp, out, nbytes: int | None = None,
+               note: str = "") -> None:
+        """Append one event; ``inp``/``out`` are tensors or shapes."""
+        if nbytes is None:
+            nbytes = out.nbytes if isinstance(out, torch.Tensor) else 0
+        self.events.append(TraceEvent(action, where, _shape(inp), _shape(out), int(nbytes), note))
+
+    def actions(self) -> list[str]:
+        """The action names in order."""
+        return [e.action for e in self.events]
+
+    def clear(self) -> None:
+        """Forget all events and tensors."""
+        self.events.clear()
+        self.hidden_states.clear()
+        self.attention_weights.clear()
+        self.router.clear()
+
+    def table(self) -> str:
+        """The events as a fixed-width text table (what ``print(trace)`` shows)."""
+        rows = [("#", "action", "where", "in shape", "out shape", "bytes", "note")]
+        for i, e in enumerate(self.events):
+            rows.append((str(i), e.action, e.where, str(list(e.in_shape)),
+                         str(list(e.out_shape)), f"{e.nbytes:,}", e.note))
+        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def __repr__(self) -> str:
+        return self.table()

@@ -1,0 +1,25 @@
+"""Shared fixtures: the trained tiny model (loaded once) and small random models."""
+import pytest
+import torch
+
+from tokenflow import ModelConfig, TokenFlowModel, load_pretrained, preset
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def pretrained():
+    """(model, tokenizer) of the shipped tiny model, eval mode."""
+    return load_pretrained()
+
+
+def random_model(seed: int = 0, **overrides) -> TokenFlowModel:
+    """An untrained model of the tiny preset with some fields changed, eval mode."""
+    torch.manual_seed(seed)
+    cfg = preset("tiny", **overrides)
+    return TokenFlowModel(cfg).eval()
+
+
+@pytest.fixture
+def make_model():
+    return random_model

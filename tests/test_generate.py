@@ -1,0 +1,84 @@
+"""The running example end to end, generation, sampling arguments (issue F1)."""
+import pytest
+import torch
+
+from tokenflow import KVCache, decode_step, generate, load_pretrained, prefill
+from tokenflow.costmodel import kv_cache_bytes_per_token
+
+PROMPT = "北京是中国的首"
+
+
+def test_tokenizer_splits_the_seed_example(pretrained):
+    _, tok = pretrained
+    assert tok.tokens(PROMPT) == ["北京", "是", "中国", "的", "首"]
+    assert tok.decode(tok.encode("Beijing is the capital of China.")) == \
+        "Beijing is the capital of China."
+
+
+def test_greedy_continues_with_du(pretrained):
+    model, tok = pretrained
+    ids = torch.tensor([tok.encode(PROMPT)])
+    out = generate(model, ids, max_new_tokens=1)
+    assert tok.decode(out[0, -1:]) == "都"
+
+
+def test_fu_is_the_runner_up(pretrained):
+    model, tok = pretrained
+    ids = torch.tensor([tok.encode(PROMPT)])
+    with torch.no_grad():
+        top2 = model(ids)[0, -1].topk(2).indices.tolist()
+    assert [tok.id_to_token(i) for i in top2] == ["都", "府"]
+
+
+def test_generate_greedy_equals_stepwise_argmax(pretrained):
+    model, tok = pretrained
+    ids = torch.tensor([tok.encode("东京是日本的")])
+    out = generate(model, ids, max_new_tokens=5)
+    seq = ids
+    for _ in range(5):
+        with torch.no_grad():
+            nxt = model(seq)[:, -1].argmax(-1, keepdim=True)
+        seq = torch.cat([seq, nxt], dim=1)
+    assert torch.equal(out, seq)
+
+
+def test_prefill_decode_step_api(pretrained):
+    model, tok = pretrained
+    ids = torch.tensor([tok.encode(PROMPT)])
+    cache = KVCache(model.config, 1, 12)
+    logits = prefill(model, ids, cache)
+    assert logits.shape == (1, model.config.vocab_size) and cache.length == 5
+    logits2 = decode_step(model, logits.argmax(-1), cache)
+    assert logits2.shape == (1, model.config.vocab_size) and cache.length == 6
+    assert cache.bytes_per_token() == kv_cache_bytes_per_token(model.config, 4)
+
+
+def test_seeded_sampling_is_reproducible(pretrained):
+    model, tok = pretrained
+    ids = torch.tensor([tok.encode("巴黎")] * 3)
+    runs = [generate(model, ids, 8, temperature=1.5, top_k=50, top_p=0.95,
+                     generator=torch.Generator().manual_seed(7)) for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_eos_stops_rows(pretrained):
+    model, tok = pretrained
+    ids = torch.tensor([tok.encode("北京是中国的首都。")])
+    out = generate(model, ids, 10, eos_token_id=tok.eos_token_id)
+    assert out[0, -1].item() == tok.eos_token_id and out.shape[1] < ids.shape[1] + 10
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(temperature=-0.1), ValueError, "temperature"),
+    (dict(top_p=0.0), ValueError, r"top_p must be in \(0, 1\]"),
+    (dict(top_p=1.5), ValueError, "top_p"),
+    (dict(top_k=0), ValueError, "top_k must be >= 1"),
+    (dict(top_k=2.5), TypeError, "top_k"),
+    (dict(max_new_tokens=-1), ValueError, "max_new_tokens"),
+    (dict(max_new_tokens=10_000), ValueError, "max_position_embeddings"),
+])
+def test_generate_bad_arguments(pretrained, kwargs, exc, match):
+    model, tok = pretrained
+    ids = torch.tensor([tok.encode(PROMPT)])
+    with pytest.raises(exc, match=match):
+        generate(model, ids, **{"max_new_tokens": 2, **kwargs})
