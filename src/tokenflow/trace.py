@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Trace", "TraceEvent", "COLORS"]
+__all__ = ["Trace", "TraceEvent", "COLORS", "trace_shapes"]
 
 COLORS = {"hidden": "#3b7dd8", "moe": "#e0b000", "token": "#2e9e44"}
 """The book's colour code: blue = hidden-state flow, yellow = MoE, green = generated token."""
@@ -115,3 +115,47 @@ class Trace:
 
     def __repr__(self) -> str:
         return self.table()
+
+
+def trace_shapes(config, batch_size: int, seq_len: int, num_experts: int | None = None,
+                 num_experts_per_tok: int | None = None, seed: int = 0) -> Trace:
+    """Trace one prefill of random token ids through an untrained model of ``config``
+    (optionally with another expert count), to watch the shapes change with ``B``, ``S``
+    and ``E``. Weights are random: only the shapes mean anything.
+
+    Args:
+        config: a :class:`~tokenflow.config.ModelConfig` (e.g. ``model.config``).
+        batch_size: B >= 1. seq_len: S in ``[1, max_position_embeddings]``.
+        num_experts: E (>= 1) to use instead of ``config.num_experts``.
+        num_experts_per_tok: K, default ``min(config.num_experts_per_tok, E)``.
+
+    Returns:
+        the :class:`Trace` of the forward pass (with a KV cache of capacity ``S``).
+
+    Raises:
+        ValueError: on out-of-range ``batch_size``, ``seq_len`` or expert counts.
+    """
+    from .kv_cache import KVCache
+    from .model import TokenFlowModel
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    if not isinstance(seq_len, int) or not 1 <= seq_len <= config.max_position_embeddings:
+        raise ValueError(f"seq_len must be in [1, {config.max_position_embeddings}], "
+                         f"got {seq_len!r}")
+    changes = {}
+    if num_experts is not None:
+        if not isinstance(num_experts, int) or num_experts < 1:
+            raise ValueError(f"num_experts must be an int >= 1, got {num_experts!r}")
+        changes["num_experts"] = num_experts
+        changes["num_experts_per_tok"] = min(config.num_experts_per_tok or 1, num_experts)
+        changes["n_group"], changes["topk_group"] = 1, 1
+    if num_experts_per_tok is not None:
+        changes["num_experts_per_tok"] = num_experts_per_tok
+    cfg = config.replace(**changes) if changes else config
+    torch.manual_seed(seed)
+    model = TokenFlowModel(cfg).eval()
+    ids = torch.randint(0, cfg.vocab_size, (batch_size, seq_len))
+    trace = Trace()
+    with torch.inference_mode():
+        model(ids, kv_cache=KVCache(cfg, batch_size, seq_len), trace=trace)
+    return trace
