@@ -69,7 +69,7 @@ def token_flow_diagram(labels: list[str] | None = None):
         if len(labels) != len(items):
             raise ValueError(f"labels must have {len(items)} entries, got {len(labels)}")
         items = [(lab, kind) for lab, (_, kind) in zip(labels, items)]
-    fig, ax = plt.subplots(figsize=(14, 2.6))
+    fig, ax = plt.subplots(figsize=(14, 3.0))
     w, gap = 1.15, 0.28
     for i, (text, kind) in enumerate(items):
         x = i * (w + gap)
@@ -83,11 +83,11 @@ def token_flow_diagram(labels: list[str] | None = None):
     end = (len(items) - 1) * (w + gap) + w / 2
     ax.annotate("", xy=(w / 2, -0.05), xytext=(end, -0.05),
                 arrowprops=dict(arrowstyle="->", lw=1.6, color=COLORS["token"],
-                                connectionstyle="arc3,rad=0.12"))
-    ax.text(end / 2, -0.55, "decode loop: the new token goes back in (green)", ha="center",
+                                connectionstyle="arc3,rad=-0.15"))
+    ax.text(end / 2, -1.15, "decode loop: the new token goes back in (green)", ha="center",
             fontsize=9, color=COLORS["token"])
     ax.set_xlim(-0.2, len(items) * (w + gap))
-    ax.set_ylim(-0.9, 1.2)
+    ax.set_ylim(-1.4, 1.2)
     ax.axis("off")
     fig.tight_layout()
     return fig

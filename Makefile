@@ -1,0 +1,70 @@
+# tokenflow: build the book, run the tests, open the notebooks.
+#   make book   build the HTML book (stored outputs, strict) -> _build/html/index.html
+#   make test   unit tests + nbval on every notebook + strict book build
+#   make lab    JupyterLab on notebooks/
+# A fresh machine needs Python 3.11, git, make and node/npm (npm only fetches the offline widget JS).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+# python3.11 if it runs, else python3
+PYTHON  ?= $(shell for p in python3.11 python3; do if $$p -c 'import sys' >/dev/null 2>&1; then command -v $$p; break; fi; done)
+WIDGET_JS := .widgets_js/extra/_static/tokenflow-widgets/VERSIONS.txt
+
+.PHONY: help venv setup book widget-js test lab clean distclean
+
+help:
+	@echo "make book   build the HTML book into _build/html (strict, from stored outputs)"
+	@echo "make test   run tests/ and nbval over notebooks/ (2 workers), incl. a strict book build"
+	@echo "make lab    start JupyterLab on notebooks/"
+	@echo "make venv   create .venv and install requirements.txt (alias: setup)"
+	@echo "make clean  remove build outputs; make distclean also removes .venv"
+
+# --- environment -----------------------------------------------------------------------------
+venv setup: $(STAMP)
+
+$(VPY):
+	@test -n "$(PYTHON)" || { echo "error: no python3.11 or python3 found" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+# Re-install only when requirements.txt or pyproject.toml changed (torch is pinned there: torch==2.13.0).
+$(STAMP): requirements.txt pyproject.toml | $(VPY)
+	$(VPY) -m pip install --upgrade pip
+	$(VPY) -m pip install -r requirements.txt
+	touch $@
+
+# --- book --------------------------------------------------------------------------------------
+# require.js, @jupyter-widgets/html-manager and MathJax from npm, so the pages work offline.
+widget-js:
+	@if ! command -v npm >/dev/null 2>&1 && [ "$${CI:-}" = "true" ] && [ "$$(id -u)" = 0 ]; then \
+	    echo "npm not found: installing Debian's nodejs + npm (CI only)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; \
+	fi
+	bash scripts/fetch_widget_js.sh
+
+book: $(STAMP) widget-js
+	$(VENV)/bin/jupyter-book build -W -n --keep-going .
+	@echo "$(CURDIR)/_build/html/index.html"
+
+# --- tests -------------------------------------------------------------------------------------
+# tests/*.py as usual; --nbval makes pytest collect notebooks/*.ipynb and compare stored outputs.
+# tests/test_book.py builds the book strictly into a temporary folder (it fetches the widget JS).
+test: $(STAMP) widget-js
+	$(VPY) -m pytest -n 2 --dist loadfile --nbval --nbval-current-env tests notebooks
+
+# --- notebooks ---------------------------------------------------------------------------------
+# (--allow-root only when run as root, e.g. in a container)
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks $(LAB_ARGS)
+
+clean:
+	rm -rf _build .widgets_js .pytest_cache
+	find . -path ./.venv -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -print0 | xargs -0 rm -rf
+
+distclean: clean
+	rm -rf $(VENV)
