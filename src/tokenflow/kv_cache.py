@@ -14,7 +14,7 @@ import torch
 
 from .config import ModelConfig
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "kv_cache_size", "format_bytes"]
 
 
 class KVCache:
@@ -118,3 +118,70 @@ class KVCache:
         return (f"KVCache(layers={c.num_hidden_layers}, shape per layer K/V="
                 f"[{self.batch_size}, {c.num_key_value_heads}, {self.max_len}, {c.head_dim}], "
                 f"filled={self.length})")
+
+
+# --------------------------------------------------------------------- sizes (chapter 02)
+def format_bytes(n: float) -> str:
+    """``n`` bytes in binary units with 2 decimals, e.g. ``131072 -> "128.00 KiB"``.
+
+    Raises:
+        ValueError: if ``n`` is negative or not a number.
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0:
+        raise ValueError(f"n must be a number of bytes >= 0, got {n!r}")
+    units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
+    x, i = float(n), 0
+    while x >= 1024 and i < len(units) - 1:
+        x, i = x / 1024, i + 1
+    return f"{int(n)} B" if i == 0 else f"{x:.2f} {units[i]}"
+
+
+def kv_cache_size(config: ModelConfig, batch_size: int, seq_len: int,
+                  num_key_value_heads: int | None = None,
+                  dtype: torch.dtype = torch.float32) -> dict:
+    """Build a real :class:`KVCache` on PyTorch's ``meta`` device (shapes and dtypes, no
+    memory) and report its size next to the closed formula.
+
+    Works for real-scale configs too (e.g. ``costmodel.reference_config("Llama-3-8B")``),
+    since meta tensors allocate nothing.
+
+    Args:
+        config: the model config.
+        batch_size: B >= 1.
+        seq_len: S tokens per sequence, ``1 <= S <= config.max_position_embeddings``.
+        num_key_value_heads: K/V heads to use instead of the config's (must divide
+            ``num_attention_heads``; equal to it is MHA, 1 is MQA).
+        dtype: storage dtype (bytes per element = ``dtype.itemsize``).
+
+    Returns:
+        dict with ``shape`` (per layer, of K and of V: ``[B, n_kv, S, D]``), ``num_tensors``
+        (``2 * layers``), ``num_key_value_heads``, ``bytes_per_element``, ``nbytes`` (sum of the
+        tensors' ``nbytes``, bytes), ``bytes_per_token`` (``KVCache.bytes_per_token()``),
+        ``formula_bytes_per_token`` (:func:`tokenflow.costmodel.kv_cache_bytes_per_token`) and
+        ``formula_nbytes`` (``formula_bytes_per_token * B * S``).
+
+    Raises:
+        ValueError: on ``batch_size < 1``, ``seq_len`` out of range, or a
+            ``num_key_value_heads`` that does not divide ``num_attention_heads``.
+    """
+    from .costmodel import kv_cache_bytes_per_token
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or \
+            not 1 <= seq_len <= config.max_position_embeddings:
+        raise ValueError(f"seq_len must be an int in [1, max_position_embeddings="
+                         f"{config.max_position_embeddings}], got {seq_len!r}")
+    if num_key_value_heads is not None and num_key_value_heads != config.num_key_value_heads:
+        if isinstance(num_key_value_heads, bool) or not isinstance(num_key_value_heads, int) \
+                or num_key_value_heads < 1 \
+                or config.num_attention_heads % num_key_value_heads != 0:
+            raise ValueError(f"num_key_value_heads must be an int >= 1 dividing "
+                             f"num_attention_heads={config.num_attention_heads}, "
+                             f"got {num_key_value_heads!r}")
+        config = config.replace(num_key_value_heads=num_key_value_heads)
+    cache = KVCache(config, batch_size, seq_len, dtype=dtype, device="meta")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    per_token = kv_cache_bytes_per_token(config, itemsize)
+    return dict(shape=list(cache.k[0].shape), num_tensors=len(cache.k) + len(cache.v),
+                num_key_value_heads=config.num_key_value_heads, bytes_per_element=itemsize,
+                nbytes=cache.nbytes(), bytes_per_token=cache.bytes_per_token(),
+                formula_bytes_per_token=per_token,
+                formula_nbytes=per_token * batch_size * seq_len)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 
-__all__ = ["shape_controls"]
+__all__ = ["shape_controls",
+           "tensor_table", "hidden_state_sizes", "size_table", "hidden_size_explorer", "residual_stream_summary",
+           "residual_stream_explorer", "kv_cache_summary", "kv_cache_explorer", "attention_explorer"]
 
 
 def shape_controls(batch=(1, 8, 1, 2), seq_len=(1, 64, 1, 5), experts=(2, 32, 2, 8)):
@@ -26,5 +28,254 @@ def shape_controls(batch=(1, 8, 1, 2), seq_len=(1, 64, 1, 5), experts=(2, 32, 2,
 
 
 # --------------------------------------------------------------------- chapters 01-02 (F2)
+def tensor_table(t, row_labels: list[str], col_labels: list[str] | None = None,
+                 max_cols: int = 8, decimals: int = 4) -> str:
+    """A 2-D tensor ``t [R,C]`` as a text table with labelled rows, values rounded to
+    ``decimals`` (stable for nbval). Only the first ``max_cols`` columns are shown, then a
+    ``...`` column and the count of hidden columns.
+
+    Args:
+        t: ``[R,C]`` tensor (e.g. a hidden-state table ``[S,H]``, or attention weights
+            ``[n_heads, S_k]``).
+        row_labels: ``R`` labels. col_labels: ``C`` labels (default ``f0, f1, ...``).
+
+    Raises:
+        ValueError: if ``t`` is not 2-D or a label list has the wrong length.
+    """
+    import torch
+    if not isinstance(t, torch.Tensor) or t.dim() != 2:
+        raise ValueError(f"t must be a 2-D torch.Tensor, got "
+                         f"{list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    R, C = t.shape
+    if len(row_labels) != R:
+        raise ValueError(f"row_labels must have {R} entries, got {len(row_labels)}")
+    if col_labels is None:
+        col_labels = [f"f{j}" for j in range(C)]
+    if len(col_labels) != C:
+        raise ValueError(f"col_labels must have {C} entries, got {len(col_labels)}")
+    if isinstance(max_cols, bool) or not isinstance(max_cols, int) or max_cols < 1:
+        raise ValueError(f"max_cols must be an int >= 1, got {max_cols!r}")
+    k = min(C, max_cols)
+    vals = t.detach().float().cpu()
+    head = [""] + list(col_labels[:k]) + (["..."] if C > k else [])
+    body = []
+    for i in range(R):
+        cells = [f"{round(float(v), decimals) + 0.0:.{decimals}f}" for v in vals[i, :k]]
+        body.append([str(row_labels[i])] + cells + (["..."] if C > k else []))
+    widths = [max(_display_width(r[j]) for r in [head] + body) for j in range(len(head))]
+    lines = ["  ".join(_pad(c, w, left=j == 0) for j, (c, w) in enumerate(zip(r, widths)))
+             .rstrip() for r in [head] + body]
+    if C > k:
+        lines.append(f"({C - k} more columns not shown; {R} x {C} in all)")
+    return "\n".join(lines)
+
+
+def _display_width(s: str) -> int:
+    """Terminal width of ``s``: CJK characters take two columns."""
+    import unicodedata
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in s)
+
+
+def _pad(s: str, width: int, left: bool) -> str:
+    fill = " " * (width - _display_width(s))
+    return s + fill if left else fill + s
+
+
+
+
+def hidden_state_sizes(batch_size: int, seq_len: int, hidden_size: int,
+                       vocab_size: int) -> list[dict]:
+    """Shapes and sizes of the tensors of chapter 1, built as PyTorch ``meta`` tensors
+    (shape and dtype only, nothing allocated), so real-scale sizes cost no memory.
+
+    Rows: ``input_ids [B,S]`` (int64), ``embedding_table [V,H]``, ``hidden_states_l0
+    [B,S,H]`` (prefill) and ``decode hidden [B,1,H]``.
+
+    Returns:
+        list of dicts with ``name``, ``shape`` (list), ``elements`` (int) and bytes per dtype:
+        ``int64`` for the ids, ``bf16`` and ``fp32`` for the floating tensors (bytes =
+        elements * bytes per element, read from the meta tensors' ``nbytes``).
+
+    Raises:
+        ValueError: if any argument is not an int >= 1 (naming it).
+    """
+    import torch
+    for name, v in (("batch_size", batch_size), ("seq_len", seq_len),
+                    ("hidden_size", hidden_size), ("vocab_size", vocab_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    B, S, H, V = batch_size, seq_len, hidden_size, vocab_size
+    rows = []
+    ids = torch.empty(B, S, dtype=torch.long, device="meta")
+    rows.append(dict(name="input_ids", shape=list(ids.shape), elements=ids.numel(),
+                     int64=ids.nbytes))
+    for name, shape in (("embedding_table", (V, H)), ("hidden_states_l0", (B, S, H)),
+                        ("decode hidden", (B, 1, H))):
+        t16 = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+        t32 = torch.empty(shape, dtype=torch.float32, device="meta")
+        rows.append(dict(name=name, shape=list(t16.shape), elements=t16.numel(),
+                         bf16=t16.nbytes, fp32=t32.nbytes))
+    return rows
+
+
+def size_table(rows: list[dict]) -> str:
+    """Format :func:`hidden_state_sizes` rows as a fixed-width text table (bytes with
+    thousands separators and binary units)."""
+    from .kv_cache import format_bytes
+
+    def b(r, k):
+        return f"{r[k]:,} ({format_bytes(r[k])})" if k in r else "-"
+    head = ("tensor", "shape", "elements", "int64 bytes", "bf16 bytes", "fp32 bytes")
+    body = [(r["name"], str(r["shape"]), f"{r['elements']:,}", b(r, "int64"), b(r, "bf16"),
+             b(r, "fp32")) for r in rows]
+    widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in [head] + body]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def hidden_size_explorer(hidden_size: int, vocab_size: int, batch=(1, 16, 1, 8),
+                         seq_len=(1, 8192, 1, 4096)):
+    """Sliders for ``B`` and ``S`` that print :func:`size_table` of
+    :func:`hidden_state_sizes` for the given ``H`` and ``V``. ``batch``/``seq_len`` are
+    ``(min, max, step, value)``. Returns an ``ipywidgets.interactive``."""
+    def show(batch_size, seq_len):
+        print(size_table(hidden_state_sizes(batch_size, seq_len, hidden_size, vocab_size)))
+    return widgets.interactive(
+        show,
+        batch_size=widgets.IntSlider(value=batch[3], min=batch[0], max=batch[1], step=batch[2],
+                                     description="batch B", continuous_update=False),
+        seq_len=widgets.IntSlider(value=seq_len[3], min=seq_len[0], max=seq_len[1],
+                                  step=seq_len[2], description="seq len S",
+                                  continuous_update=False))
+
+
+def residual_stream_summary(hidden_states, token_index: int, tokens: list[str],
+                            layer: int, n_features: int = 6) -> str:
+    """Text for one token's hidden state at one depth: its first ``n_features`` values and
+    RMS (rounded to 4 decimals), and how far it moved from the previous depth.
+
+    Args:
+        hidden_states: ``L+1`` tensors ``[B,S,H]`` (``Trace.hidden_states``); batch row 0.
+        token_index: position ``s``. tokens: the ``S`` token strings.
+        layer: 0 = embedding output, ``l`` = output of block ``l-1``.
+
+    Raises:
+        ValueError: if ``token_index`` or ``layer`` is out of range.
+    """
+    n = len(hidden_states)
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n:
+        raise ValueError(f"layer must be an int in [0, {n}), got {layer!r}")
+    S = hidden_states[0].shape[1]
+    if not 0 <= token_index < S:
+        raise ValueError(f"token_index must be in [0, {S}), got {token_index!r}")
+    h = hidden_states[layer][0, token_index].float()
+    where = "embedding output" if layer == 0 else f"output of block {layer - 1}"
+    vals = ", ".join(f"{v:.4f}" for v in h[:n_features].tolist())
+    lines = [f"token {token_index} '{tokens[token_index]}', {where}: shape {list(h.shape)}",
+             f"  first {n_features} features: [{vals}, ...]",
+             f"  RMS {float(h.pow(2).mean().sqrt()):.4f}"]
+    if layer > 0:
+        prev = hidden_states[layer - 1][0, token_index].float()
+        lines.append(f"  block {layer - 1} added a vector of RMS "
+                     f"{float((h - prev).pow(2).mean().sqrt()):.4f}")
+    return "\n".join(lines)
+
+
+def residual_stream_explorer(hidden_states, tokens: list[str], token_index: int = -1):
+    """A layer slider and a token selector: shows :func:`residual_stream_summary` and
+    :func:`tokenflow.plots.residual_stream_plot` for the chosen depth. Returns an
+    ``ipywidgets.interactive``."""
+    import matplotlib.pyplot as plt
+    from .plots import residual_stream_plot
+    n = len(hidden_states)
+
+    def show(token, layer):
+        print(residual_stream_summary(hidden_states, token, tokens, layer))
+        residual_stream_plot(hidden_states, token, tokens, layer)
+        plt.show()
+    options = [(f"{i} {t}", i) for i, t in enumerate(tokens)]
+    return widgets.interactive(
+        show,
+        token=widgets.Dropdown(options=options, value=options[token_index][1],
+                               description="token"),
+        layer=widgets.IntSlider(value=n - 1, min=0, max=n - 1, description="depth",
+                                continuous_update=False))
+
+
+def kv_cache_summary(config, batch_size: int, seq_len: int, num_key_value_heads: int,
+                     dtype_name: str = "bf16") -> str:
+    """Text for a KV cache of ``config`` with ``num_key_value_heads`` K/V heads: shape per
+    layer, bytes per token by formula and from the (meta-device) tensors, total bytes,
+    and the saving against full multi-head attention. Uses
+    :func:`tokenflow.kv_cache.kv_cache_size`.
+
+    Raises:
+        ValueError: on a bad ``dtype_name`` (``"bf16"`` or ``"fp32"``) and as
+            :func:`~tokenflow.kv_cache.kv_cache_size`.
+    """
+    import torch
+    from .kv_cache import format_bytes, kv_cache_size
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    if dtype_name not in dtypes:
+        raise ValueError(f"dtype_name must be one of {sorted(dtypes)}, got {dtype_name!r}")
+    r = kv_cache_size(config, batch_size, seq_len, num_key_value_heads, dtypes[dtype_name])
+    mha = kv_cache_size(config, batch_size, seq_len, config.num_attention_heads,
+                        dtypes[dtype_name])
+    kind = ("MHA" if num_key_value_heads == config.num_attention_heads else
+            "MQA" if num_key_value_heads == 1 else "GQA")
+    return "\n".join([
+        f"{config.name}: {num_key_value_heads} KV heads for {config.num_attention_heads} "
+        f"query heads ({kind}), {dtype_name}",
+        f"  K and V per layer: {r['shape']} x {r['num_tensors']} tensors",
+        f"  bytes/token: formula {r['formula_bytes_per_token']:,}, tensors "
+        f"{r['bytes_per_token']:,}",
+        f"  total for B={batch_size}, S={seq_len}: {r['nbytes']:,} B "
+        f"({format_bytes(r['nbytes'])})",
+        f"  this is full MHA" if kind == "MHA" else
+        f"  full MHA would need {mha['nbytes']:,} B: {mha['nbytes'] // r['nbytes']}x more"])
+
+
+def kv_cache_explorer(config, batch_size: int = 1, seq_len=(1, 128, 1, 64),
+                      dtype_name: str = "bf16"):
+    """Sequence-length slider and K/V-head selector (the divisors of the query-head count)
+    that print :func:`kv_cache_summary`. ``seq_len`` is ``(min, max, step, value)``; ``max``
+    is capped at ``config.max_position_embeddings``. Returns an ``ipywidgets.interactive``."""
+    divisors = [d for d in range(1, config.num_attention_heads + 1)
+                if config.num_attention_heads % d == 0]
+    hi = min(seq_len[1], config.max_position_embeddings)
+
+    def show(seq_len, num_key_value_heads):
+        print(kv_cache_summary(config, batch_size, seq_len, num_key_value_heads, dtype_name))
+    return widgets.interactive(
+        show,
+        seq_len=widgets.IntSlider(value=min(seq_len[3], hi), min=seq_len[0], max=hi,
+                                  step=seq_len[2], description="seq len S",
+                                  continuous_update=False),
+        num_key_value_heads=widgets.Dropdown(options=divisors,
+                                             value=config.num_key_value_heads,
+                                             description="KV heads"))
+
+
+def attention_explorer(attention_weights: dict, q_labels: list[str], k_labels: list[str],
+                       batch_index: int = 0):
+    """Layer and head selectors over ``{layer: [B, n_heads, S_q, S_k]}`` weights, drawing
+    :func:`tokenflow.plots.attention_head_heatmap`. Returns an ``ipywidgets.interactive``."""
+    import matplotlib.pyplot as plt
+    from .plots import attention_head_heatmap
+    layers = sorted(attention_weights)
+    nh = attention_weights[layers[0]].shape[1]
+
+    def show(layer, head):
+        attention_head_heatmap(attention_weights[layer][batch_index, head], q_labels, k_labels,
+                               title=f"layer {layer}, head {head}")
+        plt.show()
+    return widgets.interactive(
+        show,
+        layer=widgets.Dropdown(options=layers, value=layers[0], description="layer"),
+        head=widgets.IntSlider(value=0, min=0, max=nh - 1, description="head",
+                               continuous_update=False))
+
+
 # --------------------------------------------------------------------- chapter 03 (F3)
 # --------------------------------------------------------------------- chapter 04 (F4)
