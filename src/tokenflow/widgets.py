@@ -10,7 +10,8 @@ import ipywidgets as widgets
 
 __all__ = ["shape_controls",
            "tensor_table", "hidden_state_sizes", "size_table", "hidden_size_explorer", "residual_stream_summary",
-           "residual_stream_explorer", "kv_cache_summary", "kv_cache_explorer", "attention_explorer"]
+           "residual_stream_explorer", "kv_cache_summary", "kv_cache_explorer", "attention_explorer",
+           "sampling_controls", "sampling_explorer"]
 
 
 def shape_controls(batch=(1, 8, 1, 2), seq_len=(1, 64, 1, 5), experts=(2, 32, 2, 8)):
@@ -279,3 +280,38 @@ def attention_explorer(attention_weights: dict, q_labels: list[str], k_labels: l
 
 # --------------------------------------------------------------------- chapter 03 (F3)
 # --------------------------------------------------------------------- chapter 04 (F4)
+def sampling_controls(temperature=(0.0, 5.0, 0.1, 1.0), top_k=(1, 50, 1, 50),
+                      top_p=(0.05, 1.0, 0.05, 1.0), min_p=(0.0, 1.0, 0.01, 0.0)):
+    """Sliders for temperature, top-k, top-p and min-p.
+
+    Each argument is ``(min, max, step, value)``. Returns a dict of sliders named
+    ``temperature``, ``top_k``, ``top_p``, ``min_p`` (the keyword names of
+    :func:`tokenflow.sampling.filter_logits`), ready for ``widgets.interactive``.
+    """
+    def f(desc, spec, fmt):
+        lo, hi, step, val = spec
+        return widgets.FloatSlider(value=val, min=lo, max=hi, step=step, description=desc,
+                                   readout_format=fmt, continuous_update=False)
+    lo, hi, step, val = top_k
+    return {"temperature": f("temperature", temperature, ".2f"),
+            "top_k": widgets.IntSlider(value=val, min=lo, max=hi, step=step,
+                                       description="top-k", continuous_update=False),
+            "top_p": f("top-p", top_p, ".2f"),
+            "min_p": f("min-p", min_p, ".2f")}
+
+
+def sampling_explorer(logits, tokenizer, n: int = 12, seed: int = 0, **slider_specs):
+    """An ``interactive`` widget: move the sliders of :func:`sampling_controls` and see
+    :func:`tokenflow.plots.sampling_panel` redraw for one position's ``logits [V]`` (kept
+    tokens in blue, removed in grey, the seeded draw in green).
+
+    ``slider_specs`` are passed to :func:`sampling_controls`.
+    """
+    from .plots import sampling_panel
+
+    def show(temperature, top_k, top_p, min_p):
+        sampling_panel(logits, tokenizer, round(temperature, 4), top_k, round(top_p, 4),
+                       round(min_p, 4), n=n, seed=seed)
+        import matplotlib.pyplot as plt
+        plt.show()
+    return widgets.interactive(show, **sampling_controls(**slider_specs))
