@@ -151,3 +151,102 @@ def reference_config(name: str) -> ModelConfig:
     if hf.get("scoring_func") not in (None, "softmax", "sigmoid"):
         hf["scoring_func"] = "sigmoid"      # V4's sqrtsoftplus: modelled as sigmoid
     return ModelConfig.from_hf_config(hf, name=name)
+
+
+# ---- MoE communication (F3)
+# Bytes that expert parallelism moves: dispatch sends each (token, expert) pair's hidden state to
+# the rank that owns the expert, combine sends the expert output back (same size). Pairs whose
+# expert lives on the token's own rank stay local and cost nothing on the wire. Used by chapter 03
+# and checked there against the bytes a real torch.distributed run sends
+# (tokenflow.expert_parallel).
+
+__all__ += ["moe_a2a_bytes", "expected_remote_fraction", "moe_comm_bytes_per_token",
+            "num_moe_layers"]
+
+
+def _check_count(name: str, v, lo: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+
+
+def moe_a2a_bytes(tokens: int, top_k: int, hidden_size: int, bytes_per_element: float = 2,
+                  local_pairs: int = 0) -> int:
+    """Bytes one MoE all-to-all sends: ``(tokens * top_k - local_pairs) * hidden_size * bytes``.
+
+    Dispatch sends this many bytes (hidden states out to the experts' ranks) and combine sends the
+    same amount back (expert outputs), so one MoE layer moves it twice. ``local_pairs`` are the
+    (token, expert) pairs whose expert is on the sending rank: they never leave it. Counts the
+    hidden-state payload only (no routing metadata, no deduplication of a token sent to two
+    experts on the same rank).
+
+    Args:
+        tokens: tokens on the sending rank (``B*S`` of its batch).
+        top_k: K, experts per token.
+        hidden_size: H.
+        bytes_per_element: 2 for bf16, 1 for fp8, 4 for fp32.
+        local_pairs: pairs that stay local, ``0 <= local_pairs <= tokens * top_k``.
+
+    Returns:
+        bytes (int).
+
+    Raises:
+        ValueError: negative or non-int counts, ``top_k < 1``, ``bytes_per_element <= 0``, or
+            ``local_pairs`` outside ``[0, tokens*top_k]``.
+    """
+    _check_count("tokens", tokens, 0)
+    _check_count("top_k", top_k, 1)
+    _check_count("hidden_size", hidden_size, 1)
+    _check_count("local_pairs", local_pairs, 0)
+    _check_bytes(bytes_per_element)
+    if local_pairs > tokens * top_k:
+        raise ValueError(f"local_pairs must be <= tokens * top_k = {tokens * top_k}, "
+                         f"got {local_pairs}")
+    return int((tokens * top_k - local_pairs) * hidden_size * bytes_per_element)
+
+
+def expected_remote_fraction(ep_size: int) -> float:
+    """Share of (token, expert) pairs that leave their rank when experts are spread evenly over
+    ``ep_size`` ranks and routing is uniform: ``(ep_size - 1) / ep_size`` (0 for EP=1).
+
+    Raises:
+        ValueError: if ``ep_size`` is not an int >= 1.
+    """
+    _check_count("ep_size", ep_size, 1)
+    return (ep_size - 1) / ep_size
+
+
+def moe_comm_bytes_per_token(config: ModelConfig, ep_size: int | None = None,
+                             dispatch_bytes_per_element: float = 2,
+                             combine_bytes_per_element: float = 2) -> dict:
+    """All-to-all bytes one token causes in one MoE layer: dispatch ``K * H * b_dispatch`` plus
+    combine ``K * H * b_combine``, times the remote fraction.
+
+    Args:
+        config: a config with ``num_experts >= 1`` (e.g. ``reference_config("DeepSeek-V3")``).
+        ep_size: expert-parallel ranks. ``None``: every pair crosses the network (upper
+            bound); otherwise :func:`expected_remote_fraction` (uniform routing).
+        dispatch_bytes_per_element, combine_bytes_per_element: element sizes of the two
+            directions (bf16: 2; a deployment may dispatch in fp8: 1).
+
+    Returns:
+        dict with ``dispatch``, ``combine``, ``total`` (bytes per token per MoE layer) and
+        ``remote_fraction``.
+
+    Raises:
+        ValueError: dense config, bad ``ep_size`` or element sizes.
+    """
+    if config.num_experts < 1:
+        raise ValueError(f"config must be an MoE config (num_experts >= 1), got "
+                         f"num_experts={config.num_experts}")
+    _check_bytes(dispatch_bytes_per_element)
+    _check_bytes(combine_bytes_per_element)
+    f = 1.0 if ep_size is None else expected_remote_fraction(ep_size)
+    pair = config.num_experts_per_tok * config.hidden_size
+    d = pair * dispatch_bytes_per_element * f
+    c = pair * combine_bytes_per_element * f
+    return {"dispatch": d, "combine": c, "total": d + c, "remote_fraction": f}
+
+
+def num_moe_layers(config: ModelConfig) -> int:
+    """Number of decoder blocks whose feed-forward is MoE (``config.layer_is_moe``)."""
+    return sum(config.layer_is_moe(i) for i in range(config.num_hidden_layers))

@@ -11,7 +11,8 @@ import ipywidgets as widgets
 __all__ = ["shape_controls",
            "tensor_table", "hidden_state_sizes", "size_table", "hidden_size_explorer", "residual_stream_summary",
            "residual_stream_explorer", "kv_cache_summary", "kv_cache_explorer", "attention_explorer",
-           "sampling_controls", "sampling_explorer"]
+           "sampling_controls", "sampling_explorer",
+           "moe_routing_summary", "moe_routing_explorer"]
 
 
 def shape_controls(batch=(1, 8, 1, 2), seq_len=(1, 64, 1, 5), experts=(2, 32, 2, 8)):
@@ -279,6 +280,71 @@ def attention_explorer(attention_weights: dict, q_labels: list[str], k_labels: l
 
 
 # --------------------------------------------------------------------- chapter 03 (F3)
+def moe_routing_summary(num_experts: int, top_k: int, batch_size: int, seq_len: int,
+                        world_size: int = 4, hidden_size: int = 7168,
+                        bytes_per_element: float = 2, capacity_factor: float = 1.25,
+                        seed: int = 0) -> str:
+    """Text for :func:`tokenflow.expert_parallel.simulate_routing`: tokens, load per expert,
+    imbalance, what a capacity limit would drop, and all-to-all bytes (dispatch and again
+    combine) at ``hidden_size`` / ``bytes_per_element``, against the uniform-routing formula.
+    A ``ValueError`` (e.g. ``top_k > num_experts``) is returned as its message.
+    """
+    from .expert_parallel import simulate_routing
+    try:
+        r = simulate_routing(num_experts, top_k, batch_size, seq_len, world_size=world_size,
+                             hidden_size=hidden_size, bytes_per_element=bytes_per_element,
+                             capacity_factor=capacity_factor, seed=seed)
+    except ValueError as exc:
+        return f"ValueError: {exc}"
+    pairs = r["tokens"] * top_k
+    return "\n".join([
+        f"E={num_experts} experts, top-k={top_k}, B={batch_size} x S={seq_len} = "
+        f"{r['tokens']} tokens -> {pairs} (token, expert) pairs",
+        f"  load: min {min(r['counts'])}, mean {pairs / num_experts:.4g}, max "
+        f"{max(r['counts'])} pairs per expert; imbalance max/mean {r['imbalance']:.4f}",
+        f"  capacity factor {capacity_factor}: capacity {r['capacity']} rows per expert, "
+        f"{r['dropped']} pairs over it ({r['dropped'] / max(pairs, 1):.2%})",
+        f"  EP over {world_size} ranks: {r['local_pairs']} pairs stay local, "
+        f"{r['remote_pairs']} cross ranks",
+        f"  all-to-all at H={hidden_size}, {bytes_per_element} B/element: dispatch "
+        f"{r['dispatch_bytes']:,} B + combine {r['combine_bytes']:,} B "
+        f"(uniform-routing formula: {int(r['uniform_bytes']):,} B each way)"])
+
+
+def moe_routing_explorer(hidden_size: int = 7168, bytes_per_element: float = 2,
+                         capacity_factor: float = 1.25):
+    """Sliders for experts ``E``, top-k ``K``, batch ``B``, sequence length ``S`` and EP size
+    ``W``; prints :func:`moe_routing_summary` and draws
+    :func:`tokenflow.plots.routing_load_plot` (load per expert, rank-to-rank traffic).
+    Returns an ``ipywidgets.interactive``."""
+    import matplotlib.pyplot as plt
+    from .expert_parallel import simulate_routing
+    from .plots import routing_load_plot
+
+    def show(num_experts, top_k, batch_size, seq_len, world_size):
+        print(moe_routing_summary(num_experts, top_k, batch_size, seq_len, world_size,
+                                  hidden_size, bytes_per_element, capacity_factor))
+        try:
+            r = simulate_routing(num_experts, top_k, batch_size, seq_len, world_size=world_size,
+                                 hidden_size=hidden_size, bytes_per_element=bytes_per_element,
+                                 capacity_factor=capacity_factor)
+        except ValueError:
+            return
+        routing_load_plot(r)
+        plt.show()
+    return widgets.interactive(
+        show,
+        num_experts=widgets.SelectionSlider(options=[4, 8, 16, 32, 64, 128, 256], value=8,
+                                            description="experts E", continuous_update=False),
+        top_k=widgets.IntSlider(value=2, min=1, max=8, description="top-k K",
+                                continuous_update=False),
+        batch_size=widgets.IntSlider(value=4, min=1, max=32, description="batch B",
+                                     continuous_update=False),
+        seq_len=widgets.IntSlider(value=64, min=1, max=512, description="seq len S",
+                                  continuous_update=False),
+        world_size=widgets.Dropdown(options=[1, 2, 4], value=4, description="EP ranks W"))
+
+
 # --------------------------------------------------------------------- chapter 04 (F4)
 def sampling_controls(temperature=(0.0, 5.0, 0.1, 1.0), top_k=(1, 50, 1, 50),
                       top_p=(0.05, 1.0, 0.05, 1.0), min_p=(0.0, 1.0, 0.01, 0.0)):

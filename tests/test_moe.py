@@ -1,0 +1,274 @@
+"""MoE (issue F3): vectorised dispatch/combine == the obvious loop, router edge cases,
+DeepSeek-style selection bias, load statistics, MoE communication formulas."""
+import math
+
+import pytest
+import torch
+
+from tokenflow import Trace, preset
+from tokenflow.costmodel import (expected_remote_fraction, moe_a2a_bytes,
+                                 moe_comm_bytes_per_token, num_moe_layers, reference_config)
+from tokenflow.moe import (MoE, Router, check_top_k, combine, dispatch, expert_capacity,
+                           load_stats, moe_inputs, moe_reference_loop, route, route_reference,
+                           run_experts)
+
+
+def make_moe(seed=0, **overrides) -> MoE:
+    """A random MoE of the tiny preset's shape; the sigmoid family gets a random bias."""
+    torch.manual_seed(seed)
+    moe = MoE(preset("tiny", **overrides)).eval()
+    with torch.no_grad():
+        moe.gate.weight.normal_(std=0.3)            # spread-out router scores
+        if moe.gate.scoring_func == "sigmoid":
+            moe.gate.e_score_correction_bias.normal_(std=0.2)
+    return moe
+
+
+FAMILIES = [
+    dict(scoring_func="softmax"),
+    dict(scoring_func="softmax", norm_topk_prob=False),
+    dict(scoring_func="sigmoid", routed_scaling_factor=2.5),
+    dict(scoring_func="sigmoid", n_group=2, topk_group=1, routed_scaling_factor=2.5),
+]
+SHAPES = [(4, 1), (4, 4), (8, 2), (16, 3)]               # (E, K)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("E,K", SHAPES)
+@pytest.mark.parametrize("T", [1, 7, 33])
+@pytest.mark.parametrize("shared", [0, 1])
+def test_vectorised_equals_reference_loop(family, E, K, T, shared):
+    if family.get("n_group", 1) > 1 and family["topk_group"] * (E // family["n_group"]) < K:
+        family = dict(family, topk_group=family["n_group"])
+    moe = make_moe(seed=E * 100 + K * 10 + T, num_experts=E, num_experts_per_tok=K,
+                   num_shared_experts=shared, **family)
+    x = torch.randn(T, moe.gate.weight.shape[1])
+    with torch.no_grad():
+        fast = moe(x[None])[0]                                        # [T, H]
+        slow = moe_reference_loop(moe, x)                             # [T, H]
+        idx, w, _ = moe.gate(x)
+        idx_ref, w_ref = route_reference(moe.gate, x)
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(w, w_ref, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-4)
+
+
+def test_pretrained_moe_layers_equal_reference_loop(pretrained):
+    model, tok = pretrained
+    ids = torch.tensor([tok.encode("北京是中国的首")])
+    for layer in (1, 2):
+        x, out = moe_inputs(model, ids, layer)                        # [1, 5, H] x2
+        with torch.no_grad():
+            ref = moe_reference_loop(model.layers[layer].mlp, x)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_moe_inputs_rejects_dense_layer(pretrained):
+    model, tok = pretrained
+    with pytest.raises(ValueError, match="dense"):
+        moe_inputs(model, torch.tensor([[5, 6]]), 0)
+    with pytest.raises(ValueError, match="layer_idx"):
+        moe_inputs(model, torch.tensor([[5, 6]]), 7)
+
+
+def test_dispatch_run_combine_shapes_and_order():
+    moe = make_moe(num_experts=8, num_experts_per_tok=2, num_shared_experts=0)
+    T, H = 6, moe.gate.weight.shape[1]
+    x = torch.randn(T, H)
+    idx, w, _ = moe.gate(x)
+    d = dispatch(x, idx, w, 8)
+    assert d.hidden.shape == (T * 2, H) and d.token.shape == (T * 2,)
+    assert torch.all(d.expert[1:] >= d.expert[:-1])                  # grouped by expert
+    assert d.counts.sum() == T * 2 and d.counts.shape == (8,)
+    torch.testing.assert_close(d.hidden, x[d.token])                  # copies of token rows
+    with torch.no_grad():
+        y = run_experts(moe.experts, d.hidden, d.counts)
+        out = combine(y, d)                                           # back in token order
+        torch.testing.assert_close(out, moe.dispatch_combine(x, idx, w))
+        t = 3                                                         # one token by hand
+        by_hand = sum(w[t, k] * moe.experts[int(idx[t, k])](x[t]) for k in range(2))
+    torch.testing.assert_close(out[t], by_hand, atol=1e-6, rtol=1e-5)
+
+
+def test_dispatch_errors():
+    x = torch.randn(3, 4)
+    idx = torch.tensor([[0, 1], [1, 2], [2, 9]])
+    with pytest.raises(ValueError, match="num_experts"):
+        dispatch(x, idx, torch.ones(3, 2), 4)
+    with pytest.raises(ValueError, match="weights"):
+        dispatch(x, idx.clamp(max=3), torch.ones(3, 1), 4)
+    with pytest.raises(ValueError, match="counts"):
+        run_experts([torch.nn.Identity()] * 2, torch.randn(3, 4), [1, 1])
+
+
+def test_empty_batch():
+    moe = make_moe()
+    x = torch.randn(0, moe.gate.weight.shape[1])
+    with torch.no_grad():
+        assert moe(x[None]).shape == (1, 0, x.shape[1])
+
+
+# ----------------------------------------------------------------------- router edge cases
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ties_go_to_lower_expert_index(family):
+    moe = make_moe(num_experts=8, num_experts_per_tok=3, **family)
+    with torch.no_grad():
+        moe.gate.weight.zero_()                                      # every score equal
+        moe.gate.e_score_correction_bias.zero_()
+    x = torch.randn(5, moe.gate.weight.shape[1])
+    idx, w, _ = moe.gate(x)
+    idx_ref, w_ref = route_reference(moe.gate, x)
+    assert idx.tolist() == [[0, 1, 2]] * 5
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(w, w_ref)
+    assert torch.allclose(w, w[:, :1].expand_as(w))                  # equal weights
+    if family.get("norm_topk_prob", True):
+        torch.testing.assert_close(w.sum(-1), torch.full((5,), moe.gate.routed_scaling_factor))
+
+
+def test_partial_tie_keeps_order_of_scores():
+    weight = torch.tensor([[1.0], [3.0], [3.0], [2.0]])              # experts 1, 2 tie
+    idx, w, _ = route(torch.ones(2, 1), weight, 2)
+    assert idx.tolist() == [[1, 2], [1, 2]]
+    torch.testing.assert_close(w, torch.full((2, 2), 0.5))
+
+
+def test_k_equals_e_uses_every_expert():
+    moe = make_moe(num_experts=4, num_experts_per_tok=4, num_shared_experts=0)
+    x = torch.randn(6, moe.gate.weight.shape[1])
+    idx, w, logits = moe.gate(x)
+    assert sorted(idx[0].tolist()) == [0, 1, 2, 3]
+    torch.testing.assert_close(w.sum(-1), torch.ones(6))
+    p = logits.softmax(-1)                                            # dense mixture
+    with torch.no_grad():
+        dense = sum(p[:, e:e + 1] * moe.experts[e](x) for e in range(4))
+        torch.testing.assert_close(moe(x[None])[0], dense, atol=1e-6, rtol=1e-5)
+
+
+def test_k_greater_than_e_raises():
+    x, weight = torch.randn(2, 8), torch.randn(4, 8)
+    with pytest.raises(ValueError, match=r"top_k must be in \[1, num_experts=4\], got 5"):
+        route(x, weight, 5)
+    with pytest.raises(ValueError, match="top_k"):
+        route(x, weight, 0)
+    with pytest.raises(ValueError, match="top_k"):
+        expert_capacity(10, 4, 5)
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        preset("tiny", num_experts=4, num_experts_per_tok=5)
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        check_top_k(9, 8, name="num_experts_per_tok")
+    with pytest.raises(ValueError, match="top_k"):
+        load_stats(torch.zeros(3, 5, dtype=torch.long), 4)
+    moe = make_moe(num_experts=4, num_experts_per_tok=2)
+    moe.gate.top_k = 5                                               # changed after building
+    with pytest.raises(ValueError, match="top_k"):
+        moe(torch.randn(1, 2, moe.gate.weight.shape[1]))
+
+
+def test_route_argument_errors():
+    x, weight = torch.randn(2, 8), torch.randn(4, 8)
+    with pytest.raises(ValueError, match="scoring_func"):
+        route(x, weight, 2, scoring_func="relu")
+    with pytest.raises(ValueError, match="weight"):
+        route(x, torch.randn(4, 7), 2)
+    with pytest.raises(ValueError, match="n_group"):
+        route(x, weight, 2, n_group=3)
+    with pytest.raises(ValueError, match="topk_group"):
+        route(x, weight, 3, n_group=2, topk_group=1)
+    with pytest.raises(ValueError, match="bias"):
+        route(x, weight, 2, scoring_func="sigmoid", bias=torch.zeros(3))
+
+
+# ----------------------------------------------------------------------- DeepSeek-V3 family
+def test_deepseek_bias_selects_but_weights_come_from_unbiased_scores():
+    moe = make_moe(num_experts=8, num_experts_per_tok=2, scoring_func="sigmoid",
+                   routed_scaling_factor=2.5)
+    x = torch.randn(10, moe.gate.weight.shape[1])
+    with torch.no_grad():
+        moe.gate.e_score_correction_bias.zero_()
+        moe.gate.e_score_correction_bias[5] = 10.0                   # always selected
+    idx, w, logits = moe.gate(x)
+    assert (idx[:, 0] == 5).all()                                     # selection used the bias
+    s = logits.sigmoid()                                              # unbiased scores
+    chosen = s.gather(1, idx)
+    torch.testing.assert_close(w, 2.5 * chosen / chosen.sum(-1, keepdim=True))
+    # the second expert is the best unbiased score among the others
+    others = s.clone()
+    others[:, 5] = -1
+    assert torch.equal(idx[:, 1], others.argmax(-1))
+    assert (w < 2.5).all() and not torch.allclose(w[:, 0], torch.full((10,), 2.5))
+
+
+def test_group_limited_routing_stays_in_best_groups():
+    moe = make_moe(num_experts=16, num_experts_per_tok=4, scoring_func="sigmoid", n_group=4,
+                   topk_group=2)
+    x = torch.randn(20, moe.gate.weight.shape[1])
+    idx, _, _ = moe.gate(x)
+    groups = idx // 4
+    assert all(len(set(g)) <= 2 for g in groups.tolist())
+    assert torch.equal(idx, route_reference(moe.gate, x)[0])
+
+
+# ----------------------------------------------------------------------- load statistics
+def test_load_stats_counts_capacity_and_imbalance():
+    idx = torch.tensor([[0, 1], [0, 2], [0, 1], [3, 0]])             # T=4, K=2, E=4
+    st = load_stats(idx, 4, capacity_factor=1.0)
+    assert st["counts"].tolist() == [4, 2, 1, 1]
+    assert st["mean"] == 2.0 and st["imbalance"] == 2.0
+    assert st["capacity"] == 2                                       # ceil(1.0 * 4*2/4)
+    assert st["overflow"].tolist() == [2, 0, 0, 0] and st["dropped"] == 2
+    assert st["dropped_fraction"] == 0.25
+    torch.testing.assert_close(st["capacity_used"], torch.tensor([2.0, 1.0, 0.5, 0.5]))
+    torch.testing.assert_close(st["fraction"].sum(), torch.tensor(1.0))
+    balanced = load_stats(torch.tensor([[0, 1], [2, 3]]), 4)
+    assert balanced["imbalance"] == 1.0 and balanced["cv"] == 0.0
+    with pytest.raises(ValueError, match="indices"):
+        load_stats(torch.tensor([[0, 4]]), 4)
+    with pytest.raises(ValueError, match="num_experts"):
+        load_stats(idx, 0)
+    with pytest.raises(ValueError, match="capacity_factor"):
+        load_stats(idx, 4, capacity_factor=0)
+
+
+def test_expert_capacity_formula():
+    assert expert_capacity(4096, 64, 6, 1.0) == 384
+    assert expert_capacity(4096, 64, 6, 1.25) == 480
+    assert expert_capacity(5, 8, 2, 1.0) == 2                        # ceil(1.25)
+    assert expert_capacity(0, 8, 2) == 0
+    with pytest.raises(ValueError, match="num_tokens"):
+        expert_capacity(-1, 8, 2)
+
+
+def test_trace_records_are_kept():
+    moe = make_moe()
+    t = Trace(keep_tensors=True)
+    x = torch.randn(2, 3, moe.gate.weight.shape[1])
+    with torch.no_grad():
+        moe(x, trace=t)
+    assert t.actions() == ["route top-k", "dispatch/combine"]
+    assert t.events[0].out_shape == (6, 2) and t.events[1].out_shape == (2, 3, x.shape[-1])
+    assert set(t.router[0]) == {"indices", "weights", "logits"}
+
+
+# ----------------------------------------------------------------------- communication
+def test_moe_comm_formulas():
+    v3 = reference_config("DeepSeek-V3")
+    c = moe_comm_bytes_per_token(v3)
+    assert c["dispatch"] == c["combine"] == 8 * 7168 * 2
+    assert c["total"] == 2 * 8 * 7168 * 2
+    fp8 = moe_comm_bytes_per_token(v3, dispatch_bytes_per_element=1)
+    assert fp8["dispatch"] == 8 * 7168 and fp8["combine"] == 8 * 7168 * 2
+    assert moe_comm_bytes_per_token(v3, ep_size=1)["total"] == 0
+    assert math.isclose(moe_comm_bytes_per_token(v3, ep_size=4)["total"], 0.75 * c["total"])
+    assert num_moe_layers(v3) == 61 - 3
+    assert moe_a2a_bytes(10, 2, 64, 4) == 10 * 2 * 64 * 4
+    assert moe_a2a_bytes(10, 2, 64, 4, local_pairs=5) == 15 * 64 * 4
+    assert expected_remote_fraction(1) == 0.0 and expected_remote_fraction(8) == 0.875
+    with pytest.raises(ValueError, match="local_pairs"):
+        moe_a2a_bytes(10, 2, 64, 4, local_pairs=21)
+    with pytest.raises(ValueError, match="ep_size"):
+        expected_remote_fraction(0)
+    with pytest.raises(ValueError, match="num_experts"):
+        moe_comm_bytes_per_token(preset("tiny-dense"))
+    with pytest.raises(ValueError, match="bytes_per_element"):
+        moe_a2a_bytes(1, 1, 1, 0)
