@@ -62,14 +62,44 @@ def attention_mask_for(valid: torch.Tensor, start: int, S: int) -> torch.Tensor:
     the query is shorter than the keys: decode and chunked prefill) and the key is a real
     token (``valid [B,L]``, False for left padding). Every query also sees itself, so a
     padding query never has an empty row (which would make NaNs that leak through V).
+
+    Speed note: when nothing but causality masks a key (no padding, and ``S == 1`` or
+    ``start == 0``), the returned tensor carries the attribute ``sdpa_hint`` (``"none"``: no
+    key is masked; ``"causal"``: the plain lower-triangular mask), which lets
+    :class:`Attention` call SDPA without a mask tensor (``is_causal=True``), a faster kernel
+    with the same result. The mask values are the same either way.
     """
     L = start + S
+    if S == 1:                               # decode: every filled slot is "not after" the query
+        mask = valid[:, :L].clone()                                    # [B, L]
+        mask[:, start] = True                                          # sees itself
+        mask = mask[:, None, None, :]                                  # [B, 1, 1, L]
+        if bool(mask.all()):
+            mask.sdpa_hint = "none"
+        return mask
     q_slot = torch.arange(start, L, device=valid.device)[:, None]     # [S, 1]
     k_slot = torch.arange(L, device=valid.device)[None, :]            # [1, L]
     causal = k_slot <= q_slot                                          # [S, L]
     mask = causal[None] & valid[:, None, :L]                           # [B, S, L]
     mask = mask | (k_slot == q_slot)[None]
-    return mask[:, None]                                               # [B, 1, S, L]
+    mask = mask[:, None]                                               # [B, 1, S, L]
+    if start == 0 and bool(valid[:, :L].all()):
+        mask.sdpa_hint = "causal"
+    return mask
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+          enable_gqa: bool) -> torch.Tensor:
+    """SDPA with ``mask``, or without a mask tensor when :func:`attention_mask_for` marked it
+    as "no key masked" / "plain causal" (and its shape still fits): same values, faster."""
+    hint = getattr(mask, "sdpa_hint", None)
+    if hint is not None and mask.shape[-2] == q.shape[-2] and mask.shape[-1] == k.shape[-2]:
+        if hint == "none":
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=enable_gqa)
+        if hint == "causal" and q.shape[-2] == k.shape[-2]:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                  enable_gqa=enable_gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=enable_gqa)
 
 
 class Attention(nn.Module):
@@ -134,8 +164,7 @@ class Attention(nn.Module):
             out = weights @ vr                                            # [B, nh, S, D]
             trace.attention_weights[self.layer_idx] = weights.detach()
         else:
-            out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
-                                                 enable_gqa=self.n_kv != self.n_heads)
+            out = _sdpa(q, k_all, v_all, mask, self.n_kv != self.n_heads)
         out = self.o_proj(out.transpose(1, 2).reshape(B, S, self.n_heads * D))  # [B, S, H]
         if trace is not None:
             trace.record("read KV", where, q, out, nbytes=k_all.nbytes + v_all.nbytes,
