@@ -13,6 +13,7 @@ so weights map one-to-one onto Hugging Face modules (see ``tokenflow.interop``).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .attention import Attention, RotaryEmbedding, attention_mask_for
@@ -35,6 +36,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., H] -> [..., H]``."""
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32 \
+                and not torch.is_grad_enabled():
+            # Speed: one fused kernel instead of six ops; in float32 it computes the same
+            # expression and gives bit-identical results (tested); training keeps the
+            # explicit form below, whose autograd graph it has always had.
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
