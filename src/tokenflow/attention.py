@@ -145,7 +145,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, S, self.n_heads, D).transpose(1, 2)   # [B, nh, S, D]
         k = self.k_proj(x).view(B, S, self.n_kv, D).transpose(1, 2)      # [B, nkv, S, D]
         v = self.v_proj(x).view(B, S, self.n_kv, D).transpose(1, 2)      # [B, nkv, S, D]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        qk = apply_rope(torch.cat([q, k], dim=1), cos, sin)              # [B, nh+nkv, S, D]
+        q, k = qk[:, :self.n_heads], qk[:, self.n_heads:]                # one RoPE for both
         where = f"layer {self.layer_idx} attention"
         if kv_cache is not None:
             k_all, v_all = kv_cache.write(self.layer_idx, start, k, v)   # [B, nkv, L, D]
