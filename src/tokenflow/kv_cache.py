@@ -90,6 +90,27 @@ class KVCache:
         self.length += S
         return start, positions
 
+    def _reserve_all_real(self, batch_size: int, S: int) -> tuple[int, torch.Tensor]:
+        """:meth:`reserve` for ``S`` new tokens that are all real (no ``attention_mask``): the
+        same bookkeeping and result as ``reserve(torch.ones(batch_size, S))`` with fewer
+        tensor ops (the decode loop calls it once per token)."""
+        if batch_size != self.batch_size:
+            raise ValueError(f"input batch size {batch_size} does not match the cache's "
+                             f"{self.batch_size}")
+        if self.length + S > self.max_len:
+            raise ValueError(
+                f"sequence too long for the KV cache: {self.length} cached + {S} new tokens > "
+                f"max_len={self.max_len}")
+        start = self.length
+        if S == 1:
+            positions = self.num_real[:, None].clone()                  # [B, 1]
+        else:
+            positions = self.num_real[:, None] + torch.arange(S, device=self.num_real.device)
+        self.valid[:, start:start + S] = True
+        self.num_real += S
+        self.length += S
+        return start, positions
+
     def write(self, layer_idx: int, start: int, k: torch.Tensor, v: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store ``k, v [B, n_kv, S, D]`` at slots ``[start, start+S)`` of one layer and

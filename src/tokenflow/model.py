@@ -109,7 +109,7 @@ class TokenFlowModel(nn.Module):
         if input_ids.dim() != 2 or input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
             raise ValueError(f"input_ids must have shape [B, S] with B, S >= 1, "
                              f"got {list(input_ids.shape)}")
-        lo, hi = int(input_ids.min()), int(input_ids.max())
+        lo, hi = (int(t) for t in torch.aminmax(input_ids))                # one pass
         if lo < 0 or hi >= c.vocab_size:
             bad = lo if lo < 0 else hi
             raise ValueError(f"input_ids must be in [0, vocab_size={c.vocab_size}), "
@@ -149,12 +149,15 @@ class TokenFlowModel(nn.Module):
         """
         self._check_inputs(input_ids, kv_cache, attention_mask)
         B, S = input_ids.shape
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
-        if kv_cache is not None:
+        if kv_cache is not None and attention_mask is None:                 # all tokens real
+            start, position_ids = kv_cache._reserve_all_real(B, S)          # [B, S]
+            valid = kv_cache.valid
+        elif kv_cache is not None:
             start, position_ids = kv_cache.reserve(attention_mask)          # [B, S]
             valid = kv_cache.valid
         else:
+            if attention_mask is None:
+                attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
             m = attention_mask.to(torch.long)
             start, position_ids = 0, (torch.cumsum(m, dim=1) - 1).clamp(min=0)
             valid = attention_mask.to(torch.bool)
