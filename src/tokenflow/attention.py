@@ -71,12 +71,14 @@ def attention_mask_for(valid: torch.Tensor, start: int, S: int) -> torch.Tensor:
     """
     L = start + S
     if S == 1:                               # decode: every filled slot is "not after" the query
-        mask = valid[:, :L].clone()                                    # [B, L]
-        mask[:, start] = True                                          # sees itself
-        mask = mask[:, None, None, :]                                  # [B, 1, 1, L]
-        if bool(mask.all()):
+        v = valid[:, :L]                                               # [B, L]
+        if bool(v.all()):                                              # no padding: all True
+            mask = torch.ones(valid.shape[0], 1, 1, L, dtype=torch.bool, device=valid.device)
             mask.sdpa_hint = "none"
-        return mask
+            return mask
+        mask = v.clone()
+        mask[:, start] = True                                          # sees itself
+        return mask[:, None, None, :]                                  # [B, 1, 1, L]
     q_slot = torch.arange(start, L, device=valid.device)[:, None]     # [S, 1]
     k_slot = torch.arange(L, device=valid.device)[None, :]            # [1, L]
     causal = k_slot <= q_slot                                          # [S, L]
