@@ -90,7 +90,10 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
     out = [input_ids]
     done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
     for step in range(max_new_tokens):
-        nxt = sample(logits, temperature, top_k, top_p, min_p, generator)  # [B]
+        if temperature == 0 and bool(torch.isfinite(logits).all()):
+            nxt = logits.argmax(dim=-1)         # [B]; == sample(logits, 0) on finite logits
+        else:
+            nxt = sample(logits, temperature, top_k, top_p, min_p, generator)  # [B]
         if trace is not None:
             trace.record("sample", "sampler", logits, nxt,
                          note=("greedy argmax" if temperature == 0 else
