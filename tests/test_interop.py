@@ -356,3 +356,59 @@ def test_package_imports_without_transformers(monkeypatch):
     assert sd["model.layers.1.mlp.experts.gate_up_proj"].shape == (8, 128, 64)
     with pytest.raises(ImportError):
         fresh.to_hf_config(preset("tiny"))
+
+
+# ------------------------------------------------------------------ speed paths == plain paths
+@pytest.mark.parametrize("start,S,pad", [(0, 12, False), (12, 1, False), (0, 12, True),
+                                         (12, 1, True), (5, 4, False)])
+def test_sdpa_fast_paths_equal_the_masked_call(start, S, pad):
+    """Masks that only encode causality carry ``sdpa_hint``; the hinted SDPA call (no mask
+    tensor / ``is_causal``) gives the masked call's values."""
+    from tokenflow.attention import attention_mask_for
+    model = _random_model(preset("tiny"))
+    attn = model.layers[0].self_attn
+    B, L = 2, start + S
+    valid = torch.ones(B, L + 3, dtype=torch.bool)
+    if pad:
+        valid[1, :3] = False
+    mask = attention_mask_for(valid, start, S)
+    hint = getattr(mask, "sdpa_hint", None)
+    assert hint == (None if pad or (start and S > 1) else ("none" if S == 1 else "causal"))
+    torch.manual_seed(0)
+    x = torch.randn(B, S, model.config.hidden_size)
+    cos, sin = model.rotary(torch.arange(start, L).expand(B, S))
+    cache_a, cache_b = KVCache(model.config, B, L), KVCache(model.config, B, L)
+    past = torch.randn(B, model.config.num_key_value_heads, start, model.config.head_dim)
+    for c in (cache_a, cache_b):
+        c.k[0][:, :, :start] = past
+        c.v[0][:, :, :start] = -past
+    with torch.no_grad():
+        fast = attn(x, cos, sin, mask, cache_a, start)
+        plain = attn(x, cos, sin, mask.clone(), cache_b, start)         # clone: no hint
+    assert not hasattr(mask.clone(), "sdpa_hint")
+    torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-5)
+
+
+def test_rmsnorm_fast_path_is_bit_identical():
+    model = _random_model(preset("small-dense"))
+    norm = model.layers[0].input_layernorm
+    x = torch.randn(3, 17, 512) * 4
+    slow = norm(x)                                                       # grad on: explicit form
+    with torch.no_grad():
+        fast = norm(x)                                                   # fused F.rms_norm
+    assert torch.equal(fast, slow.detach())
+
+
+def test_reserve_all_real_equals_reserve_of_ones():
+    cfg = preset("tiny")
+    a, b = KVCache(cfg, 3, 20), KVCache(cfg, 3, 20)
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]])
+    a.reserve(mask), b.reserve(mask)
+    for S in (1, 5, 1):
+        sa, pa = a.reserve(torch.ones(3, S))
+        sb, pb = b._reserve_all_real(3, S)
+        assert sa == sb and torch.equal(pa, pb)
+        assert torch.equal(a.valid, b.valid) and torch.equal(a.num_real, b.num_real)
+        assert a.length == b.length
+    with pytest.raises(ValueError, match="max_len"):
+        b._reserve_all_real(3, 20)
