@@ -412,3 +412,15 @@ def test_reserve_all_real_equals_reserve_of_ones():
         assert a.length == b.length
     with pytest.raises(ValueError, match="max_len"):
         b._reserve_all_real(3, 20)
+
+
+@pytest.mark.parametrize("start,S", [(0, 1), (0, 7), (6, 1)])
+def test_unpadded_masks_follow_the_rule(start, S):
+    """The no-padding shortcuts of attention_mask_for build the same mask as the rule
+    "a query sees keys at or before its own slot"."""
+    from tokenflow.attention import attention_mask_for
+    valid = torch.ones(2, start + S + 2, dtype=torch.bool)
+    L = start + S
+    want = torch.tensor([[k <= start + i for k in range(L)] for i in range(S)])
+    got = attention_mask_for(valid, start, S)
+    assert got.shape == (2, 1, S, L) and torch.equal(got, want.expand(2, 1, S, L))

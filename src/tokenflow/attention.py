@@ -79,15 +79,17 @@ def attention_mask_for(valid: torch.Tensor, start: int, S: int) -> torch.Tensor:
         mask = v.clone()
         mask[:, start] = True                                          # sees itself
         return mask[:, None, None, :]                                  # [B, 1, 1, L]
+    if start == 0 and bool(valid[:, :L].all()):                       # no padding: plain causal
+        mask = torch.ones(valid.shape[0], 1, S, L, dtype=torch.bool, device=valid.device)
+        mask = mask.tril_()                                            # [B, 1, S, L]
+        mask.sdpa_hint = "causal"
+        return mask
     q_slot = torch.arange(start, L, device=valid.device)[:, None]     # [S, 1]
     k_slot = torch.arange(L, device=valid.device)[None, :]            # [1, L]
     causal = k_slot <= q_slot                                          # [S, L]
     mask = causal[None] & valid[:, None, :L]                           # [B, S, L]
     mask = mask | (k_slot == q_slot)[None]
-    mask = mask[:, None]                                               # [B, 1, S, L]
-    if start == 0 and bool(valid[:, :L].all()):
-        mask.sdpa_hint = "causal"
-    return mask
+    return mask[:, None]                                               # [B, 1, S, L]
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
