@@ -5,8 +5,8 @@ V vocab, E experts, K top-k, D head_dim.
 
 Field names follow the ``config.json`` files that Hugging Face transformers reads
 (``LlamaConfig``, ``MixtralConfig``, ``DeepseekV3Config``), so a reader can lay our tiny
-config next to a real one (see ``shared/reference/models.json`` in the project and
-``tokenflow/data/models.json`` in the package).
+config next to a real one (see ``tokenflow/data/models.json`` in the package, where every
+config names its sources, and :func:`tokenflow.costmodel.reference_config`).
 """
 from __future__ import annotations
 

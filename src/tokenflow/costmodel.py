@@ -113,8 +113,8 @@ def lm_head_flops(config: ModelConfig, tokens: int = 1) -> int:
 
 
 def reference_models() -> dict:
-    """The published configs bundled in ``tokenflow/data/models.json`` (copied from the
-    project's ``shared/reference/models.json``; each entry names its sources)."""
+    """The published configs bundled in ``src/tokenflow/data/models.json`` (each entry names
+    its sources and marks what is unverified)."""
     import json
     from importlib import resources
     return json.loads((resources.files("tokenflow") / "data" / "models.json")

@@ -157,7 +157,11 @@ def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
 
     Returns:
         ``[B, V]`` logits, ``-inf`` where removed.
+
+    Raises:
+        TypeError, ValueError: if ``top_k`` is not an int ``>= 1``.
     """
+    check_sampling_args(top_k=top_k)
     k = min(int(top_k), logits.shape[-1])
     kth = torch.topk(logits, k)[0][..., -1, None]                      # [B, 1]
     return logits.masked_fill(logits < kth, _NEG_INF)
@@ -178,7 +182,11 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
     Returns:
         ``[B, V]`` logits, ``-inf`` where removed.
+
+    Raises:
+        TypeError, ValueError: if ``top_p`` is not a number in ``(0, 1]``.
     """
+    check_sampling_args(top_p=top_p)
     if top_p >= 1:
         return logits
     sorted_logits, sorted_idx = torch.sort(logits, descending=False)   # [B, V] ascending
@@ -199,7 +207,11 @@ def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
 
     Returns:
         ``[B, V]`` logits, ``-inf`` where removed.
+
+    Raises:
+        TypeError, ValueError: if ``min_p`` is not a number in ``[0, 1]``.
     """
+    check_sampling_args(min_p=min_p)
     if min_p == 0:
         return logits
     probs = torch.softmax(logits, dim=-1)                              # [B, V]

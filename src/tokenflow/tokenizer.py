@@ -100,10 +100,25 @@ class Tokenizer:
         return self.tok.encode(text, add_special_tokens=False).tokens
 
     def decode(self, ids) -> str:
-        """Token ids (list or 1-D tensor) -> text; special tokens are dropped."""
+        """Token ids (list or 1-D tensor) -> text; special tokens are dropped.
+
+        Raises:
+            TypeError: if ``ids`` is not a list of ints or a 1-D integer tensor.
+            ValueError: if an id is outside ``[0, vocab_size)``.
+        """
         if isinstance(ids, torch.Tensor):
+            if ids.dim() > 1 or ids.is_floating_point():
+                raise TypeError(f"ids must be a 1-D integer tensor or a list of ints, got a "
+                                f"{ids.dim()}-D {ids.dtype} tensor (decode rows one at a time)")
             ids = ids.tolist()
-        return self.tok.decode(list(ids), skip_special_tokens=True)
+        ids = list(ids)
+        if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+            raise TypeError("ids must be a list of ints")
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids must be in [0, vocab_size={self.vocab_size}), "
+                             f"got {bad[0]}")
+        return self.tok.decode(ids, skip_special_tokens=True)
 
     def id_to_token(self, i: int) -> str:
         """The string of one token id.
@@ -133,8 +148,11 @@ class Tokenizer:
             ``(input_ids [B,S] int64, attention_mask [B,S] int64)``; mask 0 marks padding.
 
         Raises:
+            TypeError: if ``texts`` is a str or holds a non-str.
             ValueError: if ``texts`` is empty or a text encodes to no tokens.
         """
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise TypeError("texts must be a list of str (for one text, use encode or [text])")
         if not texts:
             raise ValueError("texts must be a non-empty list of str")
         seqs = [self.encode(t) for t in texts]
