@@ -33,7 +33,7 @@ def test_fu_is_the_runner_up(pretrained):
 def test_generate_greedy_equals_stepwise_argmax(pretrained):
     model, tok = pretrained
     ids = torch.tensor([tok.encode("东京是日本的")])
-    out = generate(model, ids, max_new_tokens=5)
+    out = generate(model, ids, max_new_tokens=5, stop_at_eos=False)
     seq = ids
     for _ in range(5):
         with torch.no_grad():
@@ -82,3 +82,40 @@ def test_generate_bad_arguments(pretrained, kwargs, exc, match):
     ids = torch.tensor([tok.encode(PROMPT)])
     with pytest.raises(exc, match=match):
         generate(model, ids, **{"max_new_tokens": 2, **kwargs})
+
+
+def test_generate_stops_at_config_eos_by_default(pretrained):
+    model, tok = pretrained
+    ids = torch.tensor([tok.encode(PROMPT)])
+    out = generate(model, ids, 6)
+    new = out[0, ids.shape[1]:].tolist()
+    assert model.config.eos_token_id in new
+    assert new[-1] == model.config.eos_token_id and len(new) < 6
+    full = generate(model, ids, 6, stop_at_eos=False)
+    assert full.shape[1] == ids.shape[1] + 6
+    assert torch.equal(full[0, :out.shape[1]], out[0])
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(input_ids=torch.tensor([5, 6])), ValueError, r"shape \[B, S\]"),
+    (dict(input_ids=torch.tensor([[1.0]])), TypeError, "integer"),
+    (dict(input_ids=torch.tensor([[600]]), max_new_tokens=0), ValueError, "vocab_size"),
+    (dict(generator=5, temperature=1.0), TypeError, "torch.Generator"),
+])
+def test_generate_bad_inputs(pretrained, kwargs, exc, match):
+    model, _ = pretrained
+    args = {"input_ids": torch.tensor([[5, 6]]), "max_new_tokens": 2, **kwargs}
+    with pytest.raises(exc, match=match):
+        generate(model, **args)
+
+
+def test_tokenizer_bad_inputs(pretrained):
+    _, tok = pretrained
+    with pytest.raises(TypeError, match="list of str"):
+        tok.batch_encode("北京")
+    with pytest.raises(ValueError, match="vocab_size"):
+        tok.decode([tok.vocab_size])
+    with pytest.raises(ValueError, match="vocab_size"):
+        tok.decode([-1])
+    with pytest.raises(TypeError, match="1-D"):
+        tok.decode(torch.zeros(2, 2, dtype=torch.long))

@@ -93,7 +93,7 @@ def test_greedy_ids_equal_hf_generate_for_several_prompts(pretrained):
     hf = _no_eos(interop.to_hf_model(model))
     for text in PROMPTS:
         ids = torch.tensor([tok.encode(text)])
-        ours = generate(model, ids, max_new_tokens=12)
+        ours = generate(model, ids, max_new_tokens=12, stop_at_eos=False)
         with torch.no_grad():
             theirs = hf.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0)
         assert torch.equal(ours, theirs), text
@@ -130,7 +130,7 @@ def test_left_padded_batch_matches_hf_and_unpadded_rows(pretrained):
             kwargs.get("position_ids", args[-1]).clone()),
         with_kwargs=True)
     try:
-        a = generate(model, ids, max_new_tokens=10, attention_mask=mask)
+        a = generate(model, ids, max_new_tokens=10, attention_mask=mask, stop_at_eos=False)
         with torch.no_grad():
             b = hf.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False,
                             pad_token_id=0)

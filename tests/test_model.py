@@ -150,3 +150,30 @@ def test_config_roundtrip():
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(TypeError, match="unknown ModelConfig fields"):
         ModelConfig.from_dict({**cfg.to_dict(), "n_embd": 3})
+
+
+@pytest.mark.parametrize("mask,match", [
+    ([[1, 1, 1, 0, 0]], "left padding only"),                  # right padding
+    ([[0, 1, 0, 1, 1]], "left padding only"),                  # a hole
+    ([[0, 0, 0, 0, 0]], "no real token"),
+    ([[0, 2, 1, 1, 1]], "0 .* or 1"),
+])
+def test_bad_attention_mask_is_rejected(make_model, mask, match):
+    model = make_model()
+    with pytest.raises(ValueError, match=match):
+        model(torch.ones(1, 5, dtype=torch.long), attention_mask=torch.tensor(mask))
+
+
+def test_float_attention_mask_is_rejected(make_model):
+    model = make_model()
+    with pytest.raises(TypeError, match="attention_mask"):
+        model(torch.ones(1, 3, dtype=torch.long), attention_mask=torch.ones(1, 3))
+
+
+def test_padding_after_cached_real_tokens_is_rejected(make_model):
+    model = make_model()
+    cache = KVCache(model.config, 1, 8)
+    model(torch.ones(1, 3, dtype=torch.long), kv_cache=cache)
+    with pytest.raises(ValueError, match="already has real tokens"):
+        model(torch.ones(1, 2, dtype=torch.long), kv_cache=cache,
+              attention_mask=torch.tensor([[0, 1]]))

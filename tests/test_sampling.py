@@ -267,7 +267,7 @@ def test_greedy_generation_is_argmax_at_every_step(pretrained):
     model, tok = pretrained
     ids = torch.tensor([tok.encode(PROMPT)])
     n = 6
-    out = generate(model, ids, n, temperature=0.0)
+    out = generate(model, ids, n, temperature=0.0, stop_at_eos=False)
     cache = KVCache(model.config, 1, ids.shape[1] + n)
     logits = prefill(model, ids, cache)                         # [1, V]
     for step in range(n):
@@ -332,3 +332,14 @@ def test_bad_logits(logits, exc, match):
 def test_apply_temperature_rejects_zero():
     with pytest.raises(ValueError, match="temperature > 0"):
         apply_temperature(torch.zeros(1, 3), 0)
+
+
+def test_public_filter_steps_validate_their_argument():
+    from tokenflow.sampling import apply_min_p, apply_top_k, apply_top_p
+    x = torch.randn(2, 10)
+    with pytest.raises(ValueError, match="top_k"):
+        apply_top_k(x, 0)
+    with pytest.raises(ValueError, match="top_p"):
+        apply_top_p(x, 0.0)
+    with pytest.raises(ValueError, match="min_p"):
+        apply_min_p(x, 1.5)

@@ -51,7 +51,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              min_p: float | None = None, generator: torch.Generator | None = None,
              attention_mask: torch.Tensor | None = None, eos_token_id: int | None = None,
-             trace=None) -> torch.Tensor:
+             trace=None, stop_at_eos: bool = True) -> torch.Tensor:
     """Continue each prompt of ``input_ids [B,S]`` by up to ``max_new_tokens`` tokens.
 
     Args:
@@ -62,8 +62,10 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
             ``temperature=0`` is greedy.
         generator: ``torch.Generator`` for reproducible sampling.
         attention_mask: ``[B,S]`` 1 = real token, 0 = left padding.
-        eos_token_id: once a row emits it, the row keeps emitting it; stops early when
-            every row has.
+        eos_token_id: end-of-sequence id; default ``model.config.eos_token_id``. Once a row
+            emits it, the row keeps emitting it; generation stops early when every row has.
+        stop_at_eos: set False to ignore end-of-sequence and always add
+            ``max_new_tokens`` tokens.
         trace: optional :class:`~tokenflow.trace.Trace` (records every forward and
             ``sample``).
 
@@ -71,10 +73,20 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
         ``[B, S + n]`` int64: the prompts followed by the ``n <= max_new_tokens`` new ids.
 
     Raises:
-        ValueError: bad sampling arguments, ``max_new_tokens < 0``, or prompt + new tokens
-            longer than ``max_position_embeddings``.
+        TypeError: ``input_ids`` not an integer tensor, ``generator`` not a torch.Generator.
+        ValueError: bad sampling arguments, ``input_ids`` not ``[B,S]`` or out of range,
+            ``max_new_tokens < 0``, or prompt + new tokens longer than
+            ``max_position_embeddings``.
     """
     check_sampling_args(temperature, top_k, top_p, min_p)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, "
+                        f"got {type(generator).__name__}")
+    model._check_inputs(input_ids, None, attention_mask)
+    if not stop_at_eos:
+        eos_token_id = None
+    elif eos_token_id is None:
+        eos_token_id = model.config.eos_token_id
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     B, S = input_ids.shape
@@ -97,7 +109,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
         if trace is not None:
             trace.record("sample", "sampler", logits, nxt,
                          note=("greedy argmax" if temperature == 0 else
-                               f"T={temperature}, top_k={top_k}, top_p={top_p}"))
+                               f"T={temperature}, top_k={top_k}, top_p={top_p}, "
+                               f"min_p={min_p}"))
         if eos_token_id is not None:
             nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
             done |= nxt == eos_token_id

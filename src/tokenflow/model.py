@@ -119,9 +119,33 @@ class TokenFlowModel(nn.Module):
         if past + S > c.max_position_embeddings:
             raise ValueError(f"sequence length {past + S} ({past} cached + {S} new) exceeds "
                              f"max_position_embeddings={c.max_position_embeddings}")
-        if attention_mask is not None and attention_mask.shape != input_ids.shape:
-            raise ValueError(f"attention_mask must have the shape of input_ids "
-                             f"{list(input_ids.shape)}, got {list(attention_mask.shape)}")
+        if attention_mask is not None:
+            self._check_mask(attention_mask, input_ids, kv_cache)
+
+    @staticmethod
+    def _check_mask(mask, input_ids, kv_cache):
+        """Only left padding is supported: per row zeros, then ones; no padding after a row's
+        real tokens have started (also across calls with a cache)."""
+        if not isinstance(mask, torch.Tensor) or mask.shape != input_ids.shape:
+            shape = list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise ValueError(f"attention_mask must be a tensor with the shape of input_ids "
+                             f"{list(input_ids.shape)}, got {shape}")
+        if mask.is_floating_point() or mask.is_complex():
+            raise TypeError(f"attention_mask must be an integer or bool tensor of 0/1, "
+                            f"got {mask.dtype}")
+        m = mask.long()
+        if ((m != 0) & (m != 1)).any():
+            raise ValueError("attention_mask values must be 0 (left padding) or 1 (real token)")
+        if (m[:, 1:] < m[:, :-1]).any():
+            raise ValueError("attention_mask must be left padding only: in each row all 0s "
+                             "come before all 1s (right padding or holes are not supported)")
+        if kv_cache is not None:
+            started = kv_cache.num_real > 0                                  # [B]
+            if (started & (m == 0).any(dim=1)).any():
+                raise ValueError("attention_mask has padding (0) in a row that already has "
+                                 "real tokens in the KV cache; padding must come first")
+        elif (m.sum(dim=1) == 0).any():
+            raise ValueError("attention_mask has a row with no real token (all 0)")
 
     # ----------------------------------------------------------------- forward
     def forward(self, input_ids: torch.Tensor, kv_cache: KVCache | None = None, trace=None,
