@@ -48,7 +48,7 @@ def main() -> None:
 
     def run():
         if impl == "ours":
-            return generate(ours, ids, max_new_tokens=new)
+            return generate(ours, ids, max_new_tokens=new, stop_at_eos=False)
         with torch.inference_mode():
             return hf.generate(ids, max_new_tokens=new, do_sample=False)
 

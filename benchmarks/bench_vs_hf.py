@@ -68,7 +68,7 @@ def bench_decode(ours, hf, batch: int, repeats: int) -> dict:
     ids = torch.randint(3, ours.config.vocab_size, (batch, PROMPT), generator=g)
 
     def run_ours():
-        return generate(ours, ids, max_new_tokens=NEW)
+        return generate(ours, ids, max_new_tokens=NEW, stop_at_eos=False)
 
     def run_hf():
         with torch.inference_mode():
