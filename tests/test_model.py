@@ -177,3 +177,11 @@ def test_padding_after_cached_real_tokens_is_rejected(make_model):
     with pytest.raises(ValueError, match="already has real tokens"):
         model(torch.ones(1, 2, dtype=torch.long), kv_cache=cache,
               attention_mask=torch.tensor([[0, 1]]))
+
+
+def test_pad_counts_chinese_as_two_columns():
+    from tokenflow.trace import display_width, pad
+    assert display_width("北京") == 4 and display_width("ab") == 2
+    assert pad("都", 4) + "|" == "都  |" and pad("x", 3, ">") == "  x"
+    with pytest.raises(ValueError, match="align"):
+        pad("x", 3, "^")

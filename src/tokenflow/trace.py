@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Trace", "TraceEvent", "COLORS", "trace_shapes"]
+__all__ = ["Trace", "TraceEvent", "COLORS", "trace_shapes", "pad", "display_width"]
 
 COLORS = {"hidden": "#3b7dd8", "moe": "#e0b000", "token": "#2e9e44"}
 """The book's colour code: blue = hidden-state flow, yellow = MoE, green = generated token."""
@@ -34,6 +34,27 @@ COLORS = {"hidden": "#3b7dd8", "moe": "#e0b000", "token": "#2e9e44"}
 _ACTION_COLOR = {"lookup": "hidden", "write KV": "hidden", "read KV": "hidden",
                  "FFN": "hidden", "route top-k": "moe", "dispatch/combine": "moe",
                  "project vocab": "hidden", "sample": "token"}
+
+
+def display_width(text: str) -> int:
+    """Columns ``text`` takes in a monospace terminal: East Asian wide and full-width
+    characters (北, 京, ...) take 2, others 1 (Unicode UAX #11 ``east_asian_width``)."""
+    import unicodedata
+    return sum(2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1 for ch in str(text))
+
+
+def pad(text, width: int, align: str = "<") -> str:
+    """Pad ``text`` to ``width`` display columns (see :func:`display_width`), so tables with
+    Chinese tokens line up. ``align``: ``"<"`` left, ``">"`` right.
+
+    Raises:
+        ValueError: if ``align`` is not ``"<"`` or ``">"``.
+    """
+    if align not in ("<", ">"):
+        raise ValueError(f"align must be '<' or '>', got {align!r}")
+    text = str(text)
+    fill = " " * max(0, width - display_width(text))
+    return text + fill if align == "<" else fill + text
 
 
 def _shape(x) -> tuple:
@@ -105,8 +126,8 @@ class Trace:
         for i, e in enumerate(self.events):
             rows.append((str(i), e.action, e.where, str(list(e.in_shape)),
                          str(list(e.out_shape)), f"{e.nbytes:,}", e.note))
-        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        widths = [max(display_width(r[c]) for r in rows) for c in range(len(rows[0]))]
+        lines = ["  ".join(pad(cell, w) for cell, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         return "\n".join(lines)
 
