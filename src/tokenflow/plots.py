@@ -74,25 +74,37 @@ def token_flow_diagram(labels: list[str] | None = None):
         if len(labels) != len(items):
             raise ValueError(f"labels must have {len(items)} entries, got {len(labels)}")
         items = [(lab, kind) for lab, (_, kind) in zip(labels, items)]
-    fig, ax = plt.subplots(figsize=(14, 3.0))
-    w, gap = 1.15, 0.28
-    for i, (text, kind) in enumerate(items):
-        x = i * (w + gap)
-        ax.add_patch(FancyBboxPatch((x, 0), w, 1, boxstyle="round,pad=0.03",
-                                    fc=COLORS[kind], ec="black", alpha=0.85))
-        ax.text(x + w / 2, 0.5, text, ha="center", va="center", fontsize=8.5,
+    # Snake layout, 5 boxes a row, so the figure stays readable at page width:
+    # row 1 left to right, then down, row 2 right to left; the decode loop (green) goes up
+    # the left side from "next token id" back to "token id".
+    n_row = 5
+    w, h, gap, vgap = 1.45, 0.9, 0.42, 0.75
+    fig, ax = plt.subplots(figsize=(9.5, 3.6))
+    pos = []
+    for i in range(len(items)):
+        r, c = divmod(i, n_row)
+        col = c if r == 0 else n_row - 1 - c
+        pos.append((col * (w + gap), -r * (h + vgap)))
+    for (text, kind), (x, y) in zip(items, pos):
+        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.03",
+                                    fc=COLORS[kind], ec="black", alpha=0.9))
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=10,
                 color="white" if kind != "moe" else "black")
-        if i:
-            ax.annotate("", xy=(x, 0.5), xytext=(x - gap, 0.5),
-                        arrowprops=dict(arrowstyle="->", lw=1.4))
-    end = (len(items) - 1) * (w + gap) + w / 2
-    ax.annotate("", xy=(w / 2, -0.05), xytext=(end, -0.05),
-                arrowprops=dict(arrowstyle="->", lw=1.6, color=COLORS["token"],
-                                connectionstyle="arc3,rad=-0.15"))
-    ax.text(end / 2, -1.15, "decode loop: the new token goes back in (green)", ha="center",
-            fontsize=9, color=COLORS["token"])
-    ax.set_xlim(-0.2, len(items) * (w + gap))
-    ax.set_ylim(-1.4, 1.2)
+    for (x0, y0), (x1, y1) in zip(pos, pos[1:]):
+        if y0 == y1:
+            a, b = ((x0 + w, y0 + h / 2), (x1, y1 + h / 2)) if x1 > x0 else \
+                ((x0, y0 + h / 2), (x1 + w, y1 + h / 2))
+        else:
+            a, b = (x0 + w / 2, y0), (x1 + w / 2, y1 + h)
+        ax.annotate("", xy=b, xytext=a, arrowprops=dict(arrowstyle="->", lw=1.5))
+    (xs, ys), (xe, ye) = pos[0], pos[-1]
+    ax.annotate("", xy=(xs, ys + h / 2), xytext=(xe, ye + h / 2),
+                arrowprops=dict(arrowstyle="->", lw=1.8, color=COLORS["token"],
+                                connectionstyle="arc,angleA=180,angleB=180,armA=30,armB=30,rad=8"))
+    ax.text(xs - 0.55, (ys + ye + h) / 2, "decode loop:\nthe new token\ngoes back in",
+            ha="right", va="center", fontsize=9.5, color=COLORS["token"])
+    ax.set_xlim(-2.1, n_row * (w + gap))
+    ax.set_ylim(-(h + vgap) - 0.15, h + 0.15)
     ax.axis("off")
     fig.tight_layout()
     return fig
