@@ -162,7 +162,7 @@ def hidden_state_heatmap(hidden, row_labels: list[str], title: str = "",
     if len(row_labels) != h.shape[0]:
         raise ValueError(f"row_labels must have {h.shape[0]} entries, got {len(row_labels)}")
     lim = float(h.abs().max()) or 1.0
-    fig, ax = plt.subplots(figsize=(10, 0.45 * h.shape[0] + 1.4))
+    fig, ax = plt.subplots(figsize=(9, 0.45 * h.shape[0] + 1.6))
     im = ax.imshow(h.numpy(), aspect="auto", cmap=_hidden_cmap(), vmin=-lim, vmax=lim,
                    interpolation="nearest")
     ax.set_yticks(range(h.shape[0]), row_labels)
@@ -207,7 +207,7 @@ def residual_stream_plot(hidden_states, token_index: int, tokens: list[str],
     rows = torch.stack([h[0, token_index].detach().float() for h in hidden_states])  # [L+1, H]
     labels = ["embedding (l0)"] + [f"after block {i}" for i in range(n - 1)]
     lim = float(rows.abs().max()) or 1.0
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 0.5 * n + 1.8),
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9, 0.5 * n + 1.8),
                                   gridspec_kw=dict(width_ratios=[4, 1]))
     ax.imshow(rows.numpy(), aspect="auto", cmap=_hidden_cmap(), vmin=-lim, vmax=lim,
               interpolation="nearest")
@@ -252,15 +252,19 @@ def attention_context_plot(attention_weights: dict, tokens: list[str], query_ind
     nh, Sk = first.shape[1], first.shape[-1]
     if len(tokens) != Sk:
         raise ValueError(f"tokens must have S_k={Sk} entries, got {len(tokens)}")
-    fig, axes = plt.subplots(1, len(layers), figsize=(3.6 * len(layers), 0.45 * nh + 1.8),
+    ncols = min(3, len(layers))                   # at most 3 panels per row: <= 9 inches wide
+    nrows = -(-len(layers) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.0 * ncols, (0.5 * nh + 1.5) * nrows + 0.4),
                              squeeze=False)
-    for ax, l in zip(axes[0], layers):
+    for ax in axes.flat[len(layers):]:
+        ax.remove()
+    for ax, l in zip(axes.flat, layers):
         w = attention_weights[l][batch_index, :, query_index].detach().float()   # [nh, Sk]
         ax.imshow(w.numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto")
         for h in range(nh):
             for k in range(Sk):
                 v = float(w[h, k])
-                ax.text(k, h, f"{v:.2f}", ha="center", va="center", fontsize=7.5,
+                ax.text(k, h, f"{v:.2f}", ha="center", va="center", fontsize=9,
                         color="white" if v > 0.6 else "black")
         ax.set_xticks(range(Sk), tokens)
         ax.set_yticks(range(nh), [f"head {h}" for h in range(nh)])
@@ -283,7 +287,8 @@ def attention_head_heatmap(weights, q_labels: list[str], k_labels: list[str], ti
     if len(q_labels) != w.shape[0] or len(k_labels) != w.shape[1]:
         raise ValueError(f"q_labels/k_labels must have {w.shape[0]}/{w.shape[1]} entries, got "
                          f"{len(q_labels)}/{len(k_labels)}")
-    fig, ax = plt.subplots(figsize=(0.7 * w.shape[1] + 2.2, 0.55 * w.shape[0] + 1.4))
+    fig, ax = plt.subplots(figsize=(min(9.0, 0.8 * w.shape[1] + 2.2),
+                                    0.55 * w.shape[0] + 1.4))
     ax.imshow(w.numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto")
     for i in range(w.shape[0]):
         for j in range(w.shape[1]):
@@ -292,7 +297,7 @@ def attention_head_heatmap(weights, q_labels: list[str], k_labels: list[str], ti
                 ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//",
                                            ec="#bbbbbb", lw=0))
             else:
-                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7.5,
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=9,
                         color="white" if v > 0.6 else "black")
     ax.set_xticks(range(w.shape[1]), k_labels)
     ax.set_yticks(range(w.shape[0]), q_labels)
@@ -304,36 +309,57 @@ def attention_head_heatmap(weights, q_labels: list[str], k_labels: list[str], ti
     return fig
 
 
-def shape_flow(steps: list[tuple[str, str]], title: str = ""):
-    """A row of boxes joined by arrows, e.g. the steps of one attention call with their
-    shapes. ``steps`` is a list of ``(text, kind)``, ``kind`` one of ``COLORS``
-    (``"hidden"``, ``"moe"``, ``"token"``) or ``"cache"`` (drawn as a light-blue store).
+def shape_flow(steps: list[tuple[str, str]], title: str = "", per_row: int = 4):
+    """Boxes joined by arrows, e.g. the steps of one attention call with their shapes.
+    ``steps`` is a list of ``(text, kind)``, ``kind`` one of ``COLORS`` (``"hidden"``,
+    ``"moe"``, ``"token"``) or ``"cache"`` (drawn as a light-blue store). At most
+    ``per_row`` boxes per row (the figure stays <= 9 inches wide, text 9.5 pt); longer
+    chains continue on the next row, left to right, joined by an elbow arrow.
 
     Raises:
-        ValueError: on an empty list or an unknown ``kind``.
+        ValueError: on an empty list, an unknown ``kind`` or ``per_row < 1``.
     """
     if not steps:
         raise ValueError("steps must be a non-empty list of (text, kind)")
+    if isinstance(per_row, bool) or not isinstance(per_row, int) or per_row < 1:
+        raise ValueError(f"per_row must be an int >= 1, got {per_row!r}")
     fills = dict(COLORS, cache="#cfe0f7")
     for _, kind in steps:
         if kind not in fills:
             raise ValueError(f"kind must be one of {sorted(fills)}, got {kind!r}")
-    w, gap = 1.5, 0.35
-    fig, ax = plt.subplots(figsize=(1.9 * len(steps) + 0.4, 1.9))
+    w, h, gap, vgap = 1.6, 1.0, 0.45, 0.55
+    ncols = min(per_row, len(steps))
+    nrows = -(-len(steps) // ncols)
+    width = ncols * (w + gap) - gap + 0.4
+    height = nrows * (h + vgap) - vgap + 0.5
+    scale = min(1.0, 9.0 / (width * 1.1))                   # inches per data unit, <= 9 in
+    fig, ax = plt.subplots(figsize=(width * 1.1 * scale, height * 1.1 * scale + 0.35))
+
+    def pos(i):
+        r, c = divmod(i, ncols)
+        return c * (w + gap), -r * (h + vgap)
     for i, (text, kind) in enumerate(steps):
-        x = i * (w + gap)
-        ax.add_patch(FancyBboxPatch((x, 0), w, 1, boxstyle="round,pad=0.03", fc=fills[kind],
+        x, y = pos(i)
+        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.03", fc=fills[kind],
                                     ec="black", alpha=0.9))
-        ax.text(x + w / 2, 0.5, text, ha="center", va="center", fontsize=8.5,
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=9.5,
                 color="white" if kind in ("hidden", "token") else "black")
-        if i:
-            ax.annotate("", xy=(x, 0.5), xytext=(x - gap, 0.5),
-                        arrowprops=dict(arrowstyle="->", lw=1.4))
-    ax.set_xlim(-0.2, len(steps) * (w + gap))
-    ax.set_ylim(-0.2, 1.25)
+        if not i:
+            continue
+        px, py = pos(i - 1)
+        arrow = dict(arrowstyle="->", lw=1.4)
+        if py == y:                                         # same row: straight arrow
+            ax.annotate("", xy=(x, y + h / 2), xytext=(px + w, py + h / 2), arrowprops=arrow)
+        else:                                               # next row: elbow back to the left
+            mid = py - vgap / 2
+            ax.plot([px + w / 2, px + w / 2, x + w / 2], [py, mid, mid], color="black", lw=1.4)
+            ax.annotate("", xy=(x + w / 2, y + h), xytext=(x + w / 2, mid - 0.01),
+                        arrowprops=arrow)
+    ax.set_xlim(-0.2, width - 0.2)
+    ax.set_ylim(-(nrows - 1) * (h + vgap) - 0.2, h + 0.25)
     ax.axis("off")
     if title:
-        ax.set_title(title)
+        ax.set_title(title, fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -374,7 +400,7 @@ def kv_cache_growth_plot(config, max_len: int, kv_heads: list[int],
                 label=f"{n} KV heads ({kind}): {per:,} B/token")
     ax.set_xlabel("tokens in the sequence")
     ax.set_ylabel("KV cache (MiB)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     ax.set_title(title or f"KV cache of one sequence, {config.name}")
     fig.tight_layout()
     return fig
