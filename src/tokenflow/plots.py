@@ -423,11 +423,12 @@ def _moe_cmap():
 
 
 def moe_flow_diagram():
-    """The seed's two views of an MoE layer (section 4) as two rows of boxes: the algorithm
+    """The seed note's two views of an MoE layer as two rows of boxes: the algorithm
     view (hidden state -> router -> top-k experts -> expert FFN -> weighted combine -> updated
     hidden state) and the system view with experts on other devices (local hidden states ->
     all-to-all dispatch -> remote expert compute -> all-to-all combine -> back at the token
-    positions). Blue = hidden-state flow, yellow = routing / expert parallelism."""
+    positions). Blue = hidden-state flow, yellow = routing / expert parallelism. 9.5 inches
+    wide, labels at 9.5 pt, so it stays readable when a page scales it down."""
     rows = [("algorithm view (one device)",
              [("hidden state\n[T, H]", "hidden"), ("router / gate\n路由", "moe"),
               ("top-k experts\nK of E", "moe"), ("expert FFN\n专家", "moe"),
@@ -436,22 +437,22 @@ def moe_flow_diagram():
              [("local hidden\nstates [T_r, H]", "hidden"), ("all-to-all\ndispatch", "moe"),
               ("remote expert\ncompute", "moe"), ("all-to-all\ncombine", "moe"),
               ("back at the token\npositions [T_r, H]", "hidden")])]
-    fig, ax = plt.subplots(figsize=(13, 3.6))
-    w, gap = 1.55, 0.42
+    fig, ax = plt.subplots(figsize=(9.5, 3.9))
+    w, gap = 1.32, 0.3                                  # data units ~ inches across
     for r, (label, boxes) in enumerate(rows):
-        y = 1.6 * (1 - r)
-        ax.text(-0.15, y + 1.12, label, fontsize=10, fontweight="bold")
+        y = 1.75 * (1 - r)
+        ax.text(0.0, y + 1.12, label, fontsize=11, fontweight="bold")
         for i, (text, kind) in enumerate(boxes):
             x = i * (w + gap)
-            ax.add_patch(FancyBboxPatch((x, y), w, 0.9, boxstyle="round,pad=0.03",
+            ax.add_patch(FancyBboxPatch((x, y), w, 0.95, boxstyle="round,pad=0.03",
                                         fc=COLORS[kind], ec="black", alpha=0.88))
-            ax.text(x + w / 2, y + 0.45, text, ha="center", va="center", fontsize=8.5,
+            ax.text(x + w / 2, y + 0.475, text, ha="center", va="center", fontsize=9.5,
                     color="white" if kind == "hidden" else "black")
             if i:
-                ax.annotate("", xy=(x, y + 0.45), xytext=(x - gap, y + 0.45),
+                ax.annotate("", xy=(x - 0.03, y + 0.475), xytext=(x - gap + 0.03, y + 0.475),
                             arrowprops=dict(arrowstyle="->", lw=1.4))
-    ax.set_xlim(-0.2, 6 * (w + gap))
-    ax.set_ylim(-0.2, 2.9)
+    ax.set_xlim(-0.08, 6 * w + 5 * gap + 0.08)
+    ax.set_ylim(-0.15, 3.1)
     ax.axis("off")
     fig.tight_layout()
     return fig
@@ -482,13 +483,13 @@ def routing_heatmap(indices, weights, num_experts: int, row_labels: list[str],
         raise ValueError(f"indices must be in [0, num_experts={num_experts})")
     T = idx.shape[0]
     grid = torch.zeros(T, num_experts).scatter_(1, idx, w)              # [T, E]
-    fig, ax = plt.subplots(figsize=(0.62 * num_experts + 2.2, 0.5 * T + 1.5))
+    fig, ax = plt.subplots(figsize=(min(0.62 * num_experts + 2.2, 9.5), 0.5 * T + 1.5))
     ax.imshow(grid.numpy(), cmap=_moe_cmap(), vmin=0, vmax=max(float(w.max()), 1e-9),
               aspect="auto")
     for t in range(T):
         for k in range(idx.shape[1]):
             ax.text(int(idx[t, k]), t, f"{float(w[t, k]):.2f}", ha="center", va="center",
-                    fontsize=8.5)
+                    fontsize=9)
     ax.set_xticks(range(num_experts), [f"e{e}" for e in range(num_experts)])
     ax.set_yticks(range(T), row_labels)
     ax.set_xticks([e - 0.5 for e in range(1, num_experts)], minor=True)
@@ -539,9 +540,9 @@ def dispatch_combine_diagram(indices, weights, num_experts: int, row_labels: lis
             ax.add_patch(plt.Rectangle((0.72, y - n + 0.55), 0.56, n - 0.1, fc=COLORS["moe"],
                                        ec="black", alpha=0.35))
             ax.text(0.75, y - (n - 1) / 2, f"expert {e}\n{n} row{'s' if n > 1 else ''}",
-                    va="center", fontsize=7.5)
+                    va="center", fontsize=9)
             prev = e
-        ax.text(1.12, y, row_labels[t], ha="center", va="center", fontsize=8.5)
+        ax.text(1.14, y, row_labels[t], ha="center", va="center", fontsize=9)
         ax.plot([0.28, 0.72], [y_tok(t), y], color=COLORS["moe"], lw=1.2)
         ax.plot([1.28, 1.72], [y, y_tok(t)], color=COLORS["moe"], lw=0.6 + 3.0 * wt / wmax)
     for x, text in ((0.0, "tokens\n[T, H]"), (1.0, "dispatch: rows\ngrouped by expert"
@@ -571,7 +572,7 @@ def expert_load_bar(counts, capacity: int | None = None, title: str = "", ax=Non
     if not counts:
         raise ValueError("counts must have at least one expert")
     if ax is None:
-        fig, ax = plt.subplots(figsize=(min(0.3 * len(counts) + 3, 12), 3))
+        fig, ax = plt.subplots(figsize=(min(0.3 * len(counts) + 3, 9.5), 3))
     else:
         fig = ax.figure
     E = len(counts)
@@ -587,8 +588,8 @@ def expert_load_bar(counts, capacity: int | None = None, title: str = "", ax=Non
     ax.set_ylabel("(token, expert) pairs")
     if E <= 32:
         ax.set_xticks(range(E))
-    ax.legend(fontsize=8, loc="upper right")
-    ax.set_title(title or "load per expert")
+    ax.legend(fontsize=9, loc="upper right")
+    ax.set_title(title or "load per expert", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -606,7 +607,7 @@ def traffic_heatmap(traffic, title: str = "", ax=None):
     if m.shape != (W, W):
         raise ValueError(f"traffic must be square [W, W], got {list(m.shape)}")
     if ax is None:
-        fig, ax = plt.subplots(figsize=(0.8 * W + 2.4, 0.7 * W + 1.6))
+        fig, ax = plt.subplots(figsize=(min(0.8 * W + 2.4, 9.5), min(0.7 * W + 1.6, 9.0)))
     else:
         fig = ax.figure
     ax.imshow(m.numpy(), cmap=_moe_cmap(), vmin=0, vmax=max(float(m.max()), 1.0))
@@ -618,7 +619,7 @@ def traffic_heatmap(traffic, title: str = "", ax=None):
                                    lw=2))
     ax.set_xticks(range(W), [f"to {j}" for j in range(W)])
     ax.set_yticks(range(W), [f"from {i}" for i in range(W)])
-    ax.set_title(title or "dispatched rows (diagonal: local)")
+    ax.set_title(title or "dispatched rows (diagonal: local)", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -626,7 +627,7 @@ def traffic_heatmap(traffic, title: str = "", ax=None):
 def routing_load_plot(result: dict, title: str = ""):
     """Two panels for :func:`tokenflow.expert_parallel.simulate_routing` output: load per
     expert with its capacity, and the rank-to-rank traffic."""
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4),
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.6),
                                  gridspec_kw=dict(width_ratios=[2.2, 1]))
     expert_load_bar(result["counts"], result["capacity"], ax=a1,
                     title=f"load per expert, imbalance max/mean {result['imbalance']:.2f}")
@@ -653,15 +654,15 @@ def moe_comm_bars(labels: list[str], dispatch_bytes: list[float], combine_bytes:
         raise ValueError("labels, dispatch_bytes and combine_bytes must have the same length > 0")
     d = [v / scale[unit] for v in dispatch_bytes]
     c = [v / scale[unit] for v in combine_bytes]
-    fig, ax = plt.subplots(figsize=(1.6 * len(labels) + 3, 3.2))
+    fig, ax = plt.subplots(figsize=(min(1.6 * len(labels) + 3, 9.5), 3.2))
     ax.bar(labels, d, color=COLORS["moe"], ec="black", lw=0.4, label="dispatch (out)")
     ax.bar(labels, c, bottom=d, color="#f3dc7a", ec="black", lw=0.4, hatch="..",
            label="combine (back)")
     for i, (a, b) in enumerate(zip(d, c)):
-        ax.text(i, a + b, f"{a + b:,.1f}", ha="center", va="bottom", fontsize=8.5)
+        ax.text(i, a + b, f"{a + b:,.1f}", ha="center", va="bottom", fontsize=9)
     ax.set_ylim(0, 1.18 * max(a + b for a, b in zip(d, c)) or 1.0)
     ax.set_ylabel(unit)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     ax.set_title(title or "all-to-all bytes")
     fig.tight_layout()
     return fig
@@ -741,7 +742,7 @@ def temperature_curves(logits, token_ids: list[int], names: list[str],
         ax.plot(temperatures, probs[:, j].tolist(), color=color, lw=2 if j == 0 else 1.2,
                 alpha=1.0 if j == 0 else max(0.35, 1 - 0.2 * j), label=name)
     ax.axvline(1.0, color="0.5", lw=0.8, ls="--")
-    ax.text(1.02, 0.97, "T = 1 (the model's own\nprobabilities)", fontsize=8, va="top",
+    ax.text(1.02, 0.97, "T = 1 (the model's own\nprobabilities)", fontsize=9, va="top",
             transform=ax.get_xaxis_transform())
     ax.set_xlabel("temperature T (logits / T before softmax)")
     if log:
@@ -787,7 +788,7 @@ def sampling_bars(tokens: list[str], probs_before, probs_after, kept, chosen: in
     ax.set_xticks(range(n), tokens)
     ax.set_ylabel("probability")
     ax.set_ylim(0, max(max(pa), max(pb)) * 1.15 + 1e-9)
-    ax.legend(handles=handles, fontsize=8, loc="upper right")
+    ax.legend(handles=handles, fontsize=9, loc="upper right")
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
@@ -812,7 +813,7 @@ def frequency_bars(tokens: list[str], probs, freqs, title: str = ""):
            label="observed frequency")
     ax.set_xticks(x, tokens)
     ax.set_ylabel("share of draws")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
