@@ -41,7 +41,8 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``position_ids [B,S]`` -> ``cos, sin [B,1,S,D]`` (broadcast over heads)."""
-        return self.cos[position_ids][:, None], self.sin[position_ids][:, None]
+        idx = position_ids[:, None]                                      # [B, 1, S]
+        return self.cos[idx], self.sin[idx]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -146,11 +147,12 @@ class Attention(nn.Module):
         """
         B, S, _ = x.shape
         D = self.head_dim
-        q = self.q_proj(x).view(B, S, self.n_heads, D).transpose(1, 2)   # [B, nh, S, D]
-        k = self.k_proj(x).view(B, S, self.n_kv, D).transpose(1, 2)      # [B, nkv, S, D]
+        q, k = self.q_proj(x), self.k_proj(x)                            # [B,S,nh*D], [B,S,nkv*D]
         v = self.v_proj(x).view(B, S, self.n_kv, D).transpose(1, 2)      # [B, nkv, S, D]
-        qk = apply_rope(torch.cat([q, k], dim=1), cos, sin)              # [B, nh+nkv, S, D]
-        q, k = qk[:, :self.n_heads], qk[:, self.n_heads:]                # one RoPE for both
+        # Q and K heads side by side, so that one RoPE call rotates both (fewer ops per step).
+        qk = torch.cat([q, k], dim=-1).view(B, S, self.n_heads + self.n_kv, D).transpose(1, 2)
+        qk = apply_rope(qk, cos, sin)                                    # [B, nh+nkv, S, D]
+        q, k = qk[:, :self.n_heads], qk[:, self.n_heads:]                # [B,nh,S,D], [B,nkv,S,D]
         where = f"layer {self.layer_idx} attention"
         if kv_cache is not None:
             k_all, v_all = kv_cache.write(self.layer_idx, start, k, v)   # [B, nkv, L, D]
