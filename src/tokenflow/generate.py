@@ -114,7 +114,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
         if eos_token_id is not None:
             nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
             done |= nxt == eos_token_id
-        out.append(nxt[:, None])
+        nxt = nxt[:, None]                                              # [B, 1]
+        out.append(nxt)
         if step == max_new_tokens - 1 or (eos_token_id is not None and bool(done.all())):
             break
         logits = decode_step(model, nxt, cache, trace)
