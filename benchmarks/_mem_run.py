@@ -4,11 +4,14 @@
 Method (Linux): build the model(s), reset the kernel's peak-RSS counter (``echo 5 >
 /proc/self/clear_refs`` resets ``VmHWM``), note the current RSS, run one generate (cold: the
 first run, as a fresh server would) and read ``VmHWM``. ``peak_mib`` is the peak resident set of
-the whole process during the run (interpreter, torch, transformers if imported, weights);
+the whole process during the run (interpreter, torch, transformers, weights);
 ``run_mib`` = peak - RSS before the run: what the run itself needed (KV cache, activations,
-allocator growth). Both sides build our model first (same seed); the HF side then maps it into
-transformers and drops ours. RSS counts what torch's CPU allocator got from the OS, which
-``tracemalloc`` would not see.
+allocator growth). Both processes do the same setup (import transformers, build our model with
+the same seed, map it into HF) and then drop the model they do not run, so the two peaks
+differ only by what the runs themselves do. ``bench_vs_hf.py`` starts it with
+``MALLOC_MMAP_THRESHOLD_=65536`` so that freed tensors go back to the OS at once and RSS follows
+the live tensors rather than glibc's history of freed chunks. RSS counts what torch's CPU
+allocator got from the OS, which ``tracemalloc`` would not see.
 
 Usage: python benchmarks/_mem_run.py {ours,hf} PRESET BATCH NEW_TOKENS
 """
@@ -38,12 +41,12 @@ def _status(key: str) -> int:
 def main() -> None:
     impl, name, batch, new = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     torch.set_num_threads(THREADS)
-    if impl == "hf":
-        import transformers  # noqa: F401  (imported by both sides' setup cost alike below)
-    ours, hf = build_pair(name, hf=impl == "hf")
+    ours, hf = build_pair(name)                      # same setup on both sides
     if impl == "hf":
         del ours
-        gc.collect()
+    else:
+        del hf
+    gc.collect()
     ids = torch.randint(3, 512, (batch, 16), generator=torch.Generator().manual_seed(0))
 
     def run():

@@ -19,13 +19,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = r'''
-import sys, torch
+import inspect, sys, torch
 if sys.argv[1] != "-":
     sys.path.insert(0, sys.argv[1])
 import tokenflow
 from tokenflow import (KVCache, TokenFlowModel, decode_step, generate, load_pretrained, prefill,
                        preset)
 torch.set_num_threads(2)
+# newer generate() stops at EOS by default; compare full-length runs on both sides
+NO_EOS = {"stop_at_eos": False} if "stop_at_eos" in inspect.signature(generate).parameters else {}
 model, tok = load_pretrained()
 res = {}
 with torch.inference_mode():
@@ -37,16 +39,16 @@ with torch.inference_mode():
         for _ in range(8):
             steps.append(decode_step(model, steps[-1].argmax(-1), cache))
         res[text + " prefill+decode"] = torch.stack(steps)
-        res[text + " generate"] = generate(model, ids, 12)
+        res[text + " generate"] = generate(model, ids, 12, **NO_EOS)
     ids, mask = tok.batch_encode(["北京是中国的首", "东京", "Paris is"])
     res["left-padded forward"] = model(ids, attention_mask=mask)
-    res["left-padded generate"] = generate(model, ids, 10, attention_mask=mask)
+    res["left-padded generate"] = generate(model, ids, 10, attention_mask=mask, **NO_EOS)
     for name in ["small-moe", "tiny-dense"]:
         torch.manual_seed(1)
         m = TokenFlowModel(preset(name, max_position_embeddings=256)).eval()
         ids = torch.randint(3, 512, (2, 100))
         res[name + " forward"] = m(ids)
-        res[name + " generate"] = generate(m, ids[:, :10], 20)
+        res[name + " generate"] = generate(m, ids[:, :10], 20, **NO_EOS)
 torch.save(res, sys.argv[2])
 '''
 
