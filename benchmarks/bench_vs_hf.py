@@ -15,8 +15,12 @@ Measures, for each preset (``tiny``: the book's MoE model, mapped onto Qwen2MoeF
 * prefill: prompt tokens/s of one forward over a 128- and a 1024-token prompt (batch 1) that
   fills the KV cache and returns the last position's logits (ours: ``tokenflow.prefill``;
   HF: ``model(ids, use_cache=True, logits_to_keep=1)``). Target: ours >= 1.0x HF.
-* memory: peak RSS of one batch-8, 128-token generate, each side in its own fresh process
-  (``benchmarks/_mem_run.py``; method in its docstring).
+* floor: seconds per batch-1 decode step spent in the matrix products alone (each weight
+  matrix a token touches, nothing else): no implementation can go below it, so
+  ``HF step / floor`` is the best ratio reachable with zero overhead.
+* memory (presets in ``--memory``, default tiny and small-moe): peak RSS of one batch-8,
+  128-token generate, each side in its own fresh process (``benchmarks/_mem_run.py``; method
+  in its docstring).
 
 Timing: ``torch.set_num_threads(2)`` for both; one warm-up call each, then the two sides
 alternate (ours, HF, ours, HF...), garbage collector off during each call. Throughputs are
@@ -109,6 +113,36 @@ def bench_prefill(ours, hf, length: int, repeats: int) -> dict:
                 "prompt tok/s")
 
 
+def bench_floor(ours, repeats: int = 10) -> float:
+    """Seconds per batch-1 decode step spent in the matrix products alone: one ``F.linear``
+    per weight matrix a token touches (attention q/k/v/o; the dense FFN, or the router, K
+    routed experts and the shared expert of an MoE layer; the LM head), in a tight loop with
+    nothing else. Both implementations must read these weights for every new token, so no
+    implementation can beat this floor; ``HF step / floor`` bounds the possible speed-up."""
+    import torch.nn.functional as F
+    ws = []
+    for layer in ours.layers:
+        a = layer.self_attn
+        ws += [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight]
+        m = layer.mlp
+        ffns = ([m] if not layer.is_moe else
+                list(m.experts)[:m.top_k] + ([m.shared_experts] if m.shared_experts else []))
+        if layer.is_moe:
+            ws.append(m.gate.weight)
+        for f in ffns:
+            ws += [f.gate_proj.weight, f.up_proj.weight, f.down_proj.weight]
+    ws.append(ours.lm_head.weight)
+    xs = {w.shape[1]: torch.randn(1, w.shape[1]) for w in ws}
+
+    def step():
+        for w in ws:
+            F.linear(xs[w.shape[1]], w)
+
+    with torch.inference_mode():
+        step()
+        return min(timeit(step, repeats))
+
+
 def bench_memory(name: str, batch: int = 8) -> dict:
     res = {}
     for impl in ("ours", "hf"):
@@ -149,6 +183,12 @@ def main() -> None:
             print(f"{r['what']:<13} ours {r['ours']:9.1f}  HF {r['hf']:9.1f} {r['unit']:<12}"
                   f" ratio {r['ratio']:5.2f}x (pairs {r['ratio_min']:.2f}-{r['ratio_max']:.2f}; "
                   f"target >= {r['target']}x: {ok})", flush=True)
+        floor = bench_floor(ours)
+        b1 = next(r for r in rows if r["preset"] == name and r["what"] == "decode b1")
+        b1.update(floor_ms=floor * 1e3, ours_ms=1e3 / b1["ours"], hf_ms=1e3 / b1["hf"])
+        print(f"decode b1 step: ours {b1['ours_ms']:.2f} ms, HF {b1['hf_ms']:.2f} ms, "
+              f"matmuls alone {b1['floor_ms']:.2f} ms -> best possible ratio with zero "
+              f"overhead {b1['hf_ms'] / b1['floor_ms']:.2f}x", flush=True)
         if name in args.memory.split(","):
             m = bench_memory(name)
             m["preset"] = name
