@@ -241,8 +241,6 @@ def from_hf_config(hf_config: Any, **overrides: Any) -> ModelConfig:
                              f"mlp_only_layers={dense}, "
                              f"decoder_sparse_step={d.get('decoder_sparse_step')}")
         kw.update(num_shared_experts=shared_i // moe_i, first_k_dense_replace=len(dense))
-    if d.get("model_type") == "mixtral" or "num_local_experts" in d:
-        kw["intermediate_size"] = d["intermediate_size"]
     eos = d.get("eos_token_id")
     if isinstance(eos, (list, tuple)):
         eos = eos[0] if eos else None
