@@ -23,3 +23,15 @@ def random_model(seed: int = 0, **overrides) -> TokenFlowModel:
 @pytest.fixture
 def make_model():
     return random_model
+
+
+@pytest.fixture(scope="session")
+def traced_prompt(pretrained):
+    """The running example traced with tensors kept: (model, tokenizer, tokens, trace)."""
+    from tokenflow import Trace
+    model, tok = pretrained
+    prompt = "北京是中国的首"
+    trace = Trace(keep_tensors=True)
+    with torch.no_grad():
+        model(torch.tensor([tok.encode(prompt)]), trace=trace)
+    return model, tok, tok.tokens(prompt), trace

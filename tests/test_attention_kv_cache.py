@@ -382,13 +382,8 @@ def test_kv_cache_summary_text():
 
 
 @pytest.mark.filterwarnings("ignore:Glyph")
-def test_plots_and_widgets_build(pretrained):
-    model, tok = pretrained
-    ids = torch.tensor([tok.encode(PROMPT)])
-    tokens = tok.tokens(PROMPT)
-    trace = Trace(keep_tensors=True)
-    with torch.no_grad():
-        model(ids, trace=trace)
+def test_plots_and_widgets_build(traced_prompt):
+    model, tok, tokens, trace = traced_prompt
     fig = attention_context_plot(trace.attention_weights, tokens)
     assert len(fig.axes) == model.config.num_hidden_layers
     fig = attention_head_heatmap(trace.attention_weights[0][0, 1], tokens, tokens)

@@ -148,13 +148,8 @@ def test_hidden_state_sizes_bad_input(kwargs, name):
 
 
 # ------------------------------------------------------------------ summaries, plots, widgets
-def test_residual_stream_summary_numbers(pretrained):
-    model, tok = pretrained
-    ids = torch.tensor([tok.encode(PROMPT)])
-    tokens = tok.tokens(PROMPT)
-    trace = Trace(keep_tensors=True)
-    with torch.no_grad():
-        model(ids, trace=trace)
+def test_residual_stream_summary_numbers(traced_prompt):
+    model, tok, tokens, trace = traced_prompt
     hs = trace.hidden_states
     text = residual_stream_summary(hs, 4, tokens, 2)
     h, prev = hs[2][0, 4], hs[1][0, 4]
@@ -168,13 +163,8 @@ def test_residual_stream_summary_numbers(pretrained):
 
 
 @pytest.mark.filterwarnings("ignore:Glyph")
-def test_plots_and_widgets_build(pretrained):
-    model, tok = pretrained
-    ids = torch.tensor([tok.encode(PROMPT)])
-    tokens = tok.tokens(PROMPT)
-    trace = Trace(keep_tensors=True)
-    with torch.no_grad():
-        model(ids, trace=trace)
+def test_plots_and_widgets_build(traced_prompt):
+    model, tok, tokens, trace = traced_prompt
     fig = hidden_state_heatmap(trace.hidden_states[0][0], tokens)
     assert fig.axes[0].get_images()[0].get_array().shape == (5, model.config.hidden_size)
     fig2 = residual_stream_plot(trace.hidden_states, 4, tokens, layer=1)
