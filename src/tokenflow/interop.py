@@ -317,6 +317,23 @@ def _getter(sd: Mapping[str, torch.Tensor], prefix: str):
     return get
 
 
+def _name_pairs(config: ModelConfig):
+    """``(our name, HF name)`` of every tensor that is renamed one to one: embedding, final
+    norm, and per layer the two norms, the attention projections and a dense FFN. The LM head
+    and the MoE blocks (reshaped, not just renamed) are mapped by the callers."""
+    yield "embed_tokens.weight", "model.embed_tokens.weight"
+    yield "norm.weight", "model.norm.weight"
+    for i in range(config.num_hidden_layers):
+        p, q = f"layers.{i}.", f"model.layers.{i}."
+        for n in ("input_layernorm", "post_attention_layernorm"):
+            yield f"{p}{n}.weight", f"{q}{n}.weight"
+        for n in _ATTN:
+            yield f"{p}self_attn.{n}.weight", f"{q}self_attn.{n}.weight"
+        if not config.layer_is_moe(i):
+            for n in _FFN:
+                yield f"{p}mlp.{n}.weight", f"{q}mlp.{n}.weight"
+
+
 def state_dict_to_hf(model: TokenFlowModel | Mapping[str, torch.Tensor],
                      config: ModelConfig | None = None,
                      architecture: str | None = None) -> dict[str, torch.Tensor]:
@@ -352,20 +369,12 @@ def state_dict_to_hf(model: TokenFlowModel | Mapping[str, torch.Tensor],
     if architecture is not None:
         _check_arch(config, arch)
     get = _getter(sd, "")
-    out = {"model.embed_tokens.weight": get("embed_tokens.weight"),
-           "model.norm.weight": get("norm.weight"), "lm_head.weight": get("lm_head.weight")}
+    out = {hf: get(ours) for ours, hf in _name_pairs(config)}
+    out["lm_head.weight"] = get("lm_head.weight")
     for i in range(config.num_hidden_layers):
-        p, q = f"layers.{i}.", f"model.layers.{i}."
-        for n in ("input_layernorm", "post_attention_layernorm"):
-            out[f"{q}{n}.weight"] = get(f"{p}{n}.weight")
-        for n in _ATTN:
-            out[f"{q}self_attn.{n}.weight"] = get(f"{p}self_attn.{n}.weight")
         if config.layer_is_moe(i):
-            sub = _moe_to_hf_tensors(_getter(sd, f"{p}mlp."), config.num_experts, arch)
-            out.update({f"{q}mlp.{k}": v for k, v in sub.items()})
-        else:
-            for n in _FFN:
-                out[f"{q}mlp.{n}.weight"] = get(f"{p}mlp.{n}.weight")
+            sub = _moe_to_hf_tensors(_getter(sd, f"layers.{i}.mlp."), config.num_experts, arch)
+            out.update({f"model.layers.{i}.mlp.{k}": v for k, v in sub.items()})
     return out
 
 
@@ -391,24 +400,16 @@ def state_dict_from_hf(hf_state_dict: Mapping[str, torch.Tensor], config: ModelC
         if k.endswith("_proj.bias") and v.abs().max() != 0:
             raise ValueError(f"{k} is not zero: our attention and FFN have no biases")
     get = _getter(hf_state_dict, "")
-    out = {"embed_tokens.weight": get("model.embed_tokens.weight"),
-           "norm.weight": get("model.norm.weight"),
-           "lm_head.weight": hf_state_dict.get("lm_head.weight",
-                                               hf_state_dict.get("model.embed_tokens.weight"))}
+    out = {ours: get(hf) for ours, hf in _name_pairs(config)}
+    out["lm_head.weight"] = hf_state_dict.get("lm_head.weight",
+                                              hf_state_dict.get("model.embed_tokens.weight"))
     for i in range(config.num_hidden_layers):
-        p, q = f"layers.{i}.", f"model.layers.{i}."
-        for n in ("input_layernorm", "post_attention_layernorm"):
-            out[f"{p}{n}.weight"] = get(f"{q}{n}.weight")
-        for n in _ATTN:
-            out[f"{p}self_attn.{n}.weight"] = get(f"{q}self_attn.{n}.weight")
         if config.layer_is_moe(i):
             bias = torch.zeros(config.num_experts, dtype=torch.float32)
-            sub = _moe_from_hf_tensors(_getter(hf_state_dict, f"{q}mlp."), config.num_experts,
-                                       arch, bias, config.num_shared_experts > 0)
-            out.update({f"{p}mlp.{k}": v for k, v in sub.items()})
-        else:
-            for n in _FFN:
-                out[f"{p}mlp.{n}.weight"] = get(f"{q}mlp.{n}.weight")
+            sub = _moe_from_hf_tensors(_getter(hf_state_dict, f"model.layers.{i}.mlp."),
+                                       config.num_experts, arch, bias,
+                                       config.num_shared_experts > 0)
+            out.update({f"layers.{i}.mlp.{k}": v for k, v in sub.items()})
     return out
 
 
