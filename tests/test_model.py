@@ -185,3 +185,17 @@ def test_pad_counts_chinese_as_two_columns():
     assert pad("都", 4) + "|" == "都  |" and pad("x", 3, ">") == "  x"
     with pytest.raises(ValueError, match="align"):
         pad("x", 3, "^")
+
+
+def test_trace_shapes_follow_batch_seq_and_experts():
+    from tokenflow.trace import trace_shapes
+    cfg = preset("tiny")
+    t = trace_shapes(cfg, 3, 7, num_experts=16)
+    route = next(e for e in t.events if e.action == "route top-k")
+    assert t.events[0].out_shape == (3, 7, cfg.hidden_size)
+    assert route.out_shape == (21, cfg.num_experts_per_tok) and "of 16 experts" in route.note
+    assert t.events[-1].out_shape == (3, 7, cfg.vocab_size)
+    with pytest.raises(ValueError, match="seq_len"):
+        trace_shapes(cfg, 1, cfg.max_position_embeddings + 1)
+    with pytest.raises(ValueError, match="num_experts"):
+        trace_shapes(cfg, 1, 4, num_experts=0)
