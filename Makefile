@@ -54,7 +54,8 @@ book: $(STAMP) widget-js
 # tests/*.py as usual; --nbval makes pytest collect notebooks/*.ipynb and compare stored outputs.
 # tests/test_book.py builds the book strictly into a temporary folder (it fetches the widget JS).
 test: $(STAMP) widget-js
-	$(VPY) -m pytest -n 2 --dist loadfile --nbval --nbval-current-env tests notebooks
+	$(VPY) -m pytest -n 2 --dist loadfile --nbval --nbval-current-env \
+	    --nbval-sanitize-with tests/nbval_sanitize.cfg tests notebooks
 
 # --- notebooks ---------------------------------------------------------------------------------
 # (--allow-root only when run as root, e.g. in a container)

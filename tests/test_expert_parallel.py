@@ -135,3 +135,16 @@ def test_spawn_start_method_works():
     check_bytes(res, 64, 2)
     with pytest.raises(ValueError, match="start_method"):
         run_expert_parallel(moe, x, 1, start_method="fork")
+
+
+def test_module_entry_point_runs_without_warnings():
+    """``python -m tokenflow.expert_parallel`` prints its report and no runpy warning
+    (the forkserver must not preload the module that is itself ``__main__``)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-W", "default", "-m", "tokenflow.expert_parallel",
+                        "--nproc", "2", "--tokens", "16"],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "max |EP - single process| = 0" in r.stdout
+    assert "Warning" not in r.stderr, r.stderr[-2000:]

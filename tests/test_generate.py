@@ -76,6 +76,14 @@ def test_eos_stops_rows(pretrained):
     (dict(top_k=2.5), TypeError, "top_k"),
     (dict(max_new_tokens=-1), ValueError, "max_new_tokens"),
     (dict(max_new_tokens=10_000), ValueError, "max_position_embeddings"),
+    (dict(max_new_tokens=True), TypeError, "max_new_tokens"),
+    (dict(max_new_tokens=2.0), TypeError, "max_new_tokens"),
+    (dict(eos_token_id=-1), ValueError, "eos_token_id"),
+    (dict(eos_token_id=10**6), ValueError, "eos_token_id"),
+    (dict(eos_token_id=True), TypeError, "eos_token_id"),
+    (dict(eos_token_id=2.0), TypeError, "eos_token_id"),
+    (dict(stop_at_eos=1), TypeError, "stop_at_eos"),
+    (dict(temperature=1e-38, top_p=0.0), ValueError, "top_p"),
 ])
 def test_generate_bad_arguments(pretrained, kwargs, exc, match):
     model, tok = pretrained
@@ -99,7 +107,7 @@ def test_generate_stops_at_config_eos_by_default(pretrained):
 @pytest.mark.parametrize("kwargs,exc,match", [
     (dict(input_ids=torch.tensor([5, 6])), ValueError, r"shape \[B, S\]"),
     (dict(input_ids=torch.tensor([[1.0]])), TypeError, "integer"),
-    (dict(input_ids=torch.tensor([[600]]), max_new_tokens=0), ValueError, "vocab_size"),
+    (dict(input_ids=torch.tensor([[10_000]]), max_new_tokens=0), ValueError, "vocab_size"),
     (dict(generator=5, temperature=1.0), TypeError, "torch.Generator"),
 ])
 def test_generate_bad_inputs(pretrained, kwargs, exc, match):
@@ -119,3 +127,33 @@ def test_tokenizer_bad_inputs(pretrained):
         tok.decode([-1])
     with pytest.raises(TypeError, match="1-D"):
         tok.decode(torch.zeros(2, 2, dtype=torch.long))
+
+
+def test_eos_at_the_vocab_edges_is_accepted(pretrained):
+    model, tok = pretrained
+    ids = torch.tensor([tok.encode(PROMPT)])
+    for eos in (0, model.config.vocab_size - 1):
+        out = generate(model, ids, 2, eos_token_id=eos)
+        assert out.shape[1] <= ids.shape[1] + 2
+    import numpy as np
+    assert generate(model, ids, np.int64(2), stop_at_eos=False).shape[1] == ids.shape[1] + 2
+
+
+def test_rows_finishing_at_different_steps_stay_finished(pretrained):
+    """A batch whose rows reach <eos> at different steps: each row equals that prompt run
+    alone (which stops at its own <eos>), and after its <eos> a row only repeats <eos>."""
+    model, tok = pretrained
+    prompts = ["北京是中国的首", "中国的首都是", "东京", "新疆的首府是"]
+    eos = model.config.eos_token_id
+    alone = [generate(model, torch.tensor([tok.encode(p)]), 12)[0, len(tok.encode(p)):].tolist()
+             for p in prompts]
+    stops = [a.index(eos) if eos in a else None for a in alone]
+    assert len({s for s in stops if s is not None}) >= 2, stops    # rows end at different steps
+    ids, mask = tok.batch_encode(prompts)
+    out = generate(model, ids, 12, attention_mask=mask)
+    new = out[:, ids.shape[1]:]
+    for b, a in enumerate(alone):
+        row = new[b].tolist()
+        assert row[:len(a)] == a, (prompts[b], row, a)
+        if stops[b] is not None:
+            assert set(row[stops[b]:]) == {eos}, (prompts[b], row)

@@ -28,6 +28,53 @@ def test_tokenizer_split_and_ids(pretrained):
     assert all(0 <= i < tok.vocab_size for i in ids)
 
 
+ROUND_TRIP = ["a\nb", "北京🙂", "", " ", "\t\r\n", "  two  spaces  ", "Ω≈ç√ 𝄞 ﬁ",
+              "北京是中国的首都。\n东京是日本的首都。", "é (composed) vs e\u0301 (combining)",
+              "\x00\x01 control", "龘 a rare character", "😀👍🏽🇨🇳", "\ufeffBOM"]
+
+
+@pytest.mark.parametrize("text", ROUND_TRIP)
+def test_byte_level_round_trip(pretrained, text):
+    """Every string survives encode -> decode exactly (newlines, emoji, unseen characters)."""
+    _, tok = pretrained
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert b"".join(tok.token_bytes(i) for i in ids) == text.encode("utf-8")
+
+
+def test_unseen_character_becomes_its_bytes(pretrained):
+    _, tok = pretrained
+    ids = tok.encode("🙂")                                  # U+1F642, 4 UTF-8 bytes
+    assert [tok.token_bytes(i) for i in ids] == [bytes([b]) for b in "🙂".encode("utf-8")]
+    assert tok.tokens("🙂") == ["<0xF0>", "<0x9F>", "<0x99>", "<0x82>"]
+    assert [tok.token_to_id(t) for t in tok.tokens("🙂")] == ids
+
+
+def test_every_token_text_maps_back_to_its_id(pretrained):
+    _, tok = pretrained
+    for i in range(tok.vocab_size):
+        assert tok.token_to_id(tok.id_to_token(i)) == i
+    assert tok.vocab_size >= 4 + 256
+    with pytest.raises(KeyError):
+        tok.token_to_id("北京是中国的首都")                   # not one token
+    with pytest.raises(TypeError):
+        tok.token_to_id(3)
+    with pytest.raises(TypeError):
+        tok.id_to_token("3")
+    with pytest.raises(ValueError, match="vocab_size"):
+        tok.id_to_token(tok.vocab_size)
+
+
+def test_byte_table_is_gpt2s():
+    """Our printable-byte table is the one ``tokenizers``' ByteLevel pre-tokenizer uses."""
+    from tokenizers import pre_tokenizers
+    from tokenflow.tokenizer import bytes_to_unicode
+    table = bytes_to_unicode()
+    assert sorted(table) == list(range(256)) and len(set(table.values())) == 256
+    assert set(table.values()) == set(pre_tokenizers.ByteLevel.alphabet())
+    assert table[ord("A")] == "A" and table[ord(" ")] == "Ġ" and table[ord("\n")] == "Ċ"
+
+
 def test_batch_encode_left_pads(pretrained):
     _, tok = pretrained
     ids, mask = tok.batch_encode(TEXTS)
@@ -45,11 +92,15 @@ def test_batch_encode_left_pads(pretrained):
 # ------------------------------------------------------------------ embedding lookup
 @pytest.mark.parametrize("B,S", [(1, 5), (3, 7), (8, 1)])
 def test_embedding_is_a_row_lookup(make_model, B, S):
+    """The hidden state our forward pass starts from (trace.hidden_states[0]) is row ids[b,s]
+    of the embedding table, for every position."""
     model = make_model()
     W = model.embed_tokens.weight                                    # [V, H]
     ids = torch.randint(0, model.config.vocab_size, (B, S))
+    trace = Trace(keep_tensors=True)
     with torch.no_grad():
-        h0 = model.embed_tokens(ids)                                  # [B, S, H]
+        model(ids, trace=trace)
+    h0 = trace.hidden_states[0]                                       # [B, S, H]
     assert h0.shape == (B, S, model.config.hidden_size)
     for b in range(B):
         for s in range(S):

@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from tokenflow import KVCache, decode_step, generate, prefill
-from tokenflow.sampling import (apply_min_p, apply_temperature, apply_top_k, apply_top_p,
-                                check_sampling_args, filter_logits, filter_steps, sample)
-
-transformers = pytest.importorskip("transformers")
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
-from transformers.generation.logits_process import (  # noqa: E402
+from tokenflow.sampling import (GREEDY_TEMPERATURE, apply_min_p, apply_temperature,
+                                apply_top_k, apply_top_p, check_sampling_args, filter_logits,
+                                filter_steps, sample)
+# transformers is a pinned dependency: a missing install fails here instead of skipping.
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+from transformers.generation.logits_process import (
     MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 PROMPT = "北京是中国的首"
@@ -83,10 +83,23 @@ def random_settings(g: torch.Generator, V: int):
 
 # --------------------------------------------------------------------------- equal to HF
 
-def test_transformers_builds_the_documented_order(hf_model):
-    procs = hf_processors(hf_model, 0.7, 5, 0.9, 0.05)
+def test_each_step_equals_the_transformers_warper_at_the_same_place(hf_model):
+    """Our pipeline, stage by stage, equals transformers' processor list applied one warper
+    at a time, in the order transformers itself builds (so a swapped order fails)."""
+    procs = list(hf_processors(hf_model, 0.7, 5, 0.9, 0.05))
     assert [type(p) for p in procs] == [TemperatureLogitsWarper, TopKLogitsWarper,
                                         TopPLogitsWarper, MinPLogitsWarper]
+    g = torch.Generator().manual_seed(3)
+    ids = torch.zeros(4, 1, dtype=torch.long)
+    for _ in range(20):
+        logits = torch.randn(4, 40, generator=g) * 3
+        ours = filter_steps(logits, 0.7, 5, 0.9, 0.05)
+        ref = logits.clone()
+        for name, proc in zip(("temperature", "top_k", "top_p", "min_p"), procs):
+            ref = proc(ids, ref)
+            assert torch.equal(torch.isfinite(ours[name]), torch.isfinite(ref)), name
+            torch.testing.assert_close(ours[name].softmax(-1), ref.softmax(-1),
+                                       atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("B,V", SHAPES)
@@ -254,13 +267,62 @@ def test_empirical_frequencies_match_filtered_probabilities():
     assert ((freq - probs).abs() <= bound).all()
 
 
-def test_seeded_sampling_is_reproducible():
-    x = torch.randn(4, 100)
+def test_seeded_sampling_is_reproducible_and_stays_in_the_kept_set():
+    x = torch.randn(4, 100, generator=torch.Generator().manual_seed(0)) * 2
     a = [sample(x, 1.2, 50, 0.95, generator=torch.Generator().manual_seed(s)) for s in (1, 1, 2)]
     assert torch.equal(a[0], a[1])
     many = [sample(x[0].expand(256, -1), 2.0, generator=torch.Generator().manual_seed(s))
             for s in (1, 2)]
     assert not torch.equal(many[0], many[1])
+    # every draw comes from the filtered set: top-k's k best, top-p's nucleus
+    rows = x[0].expand(2000, -1)
+    top3 = set(x[0].topk(3).indices.tolist())
+    drawn = sample(rows, 5.0, top_k=3, generator=torch.Generator().manual_seed(4))
+    assert set(drawn.tolist()) == top3            # all 3 appear at T=5, nothing else
+    flat = x[0] * 0.3                                         # a wide distribution
+    probs = flat.softmax(-1)
+    order = probs.argsort(descending=True)
+    cum = probs[order].cumsum(0)
+    nucleus = set(order[:int((cum < 0.5).sum()) + 1].tolist())  # smallest set reaching 0.5
+    assert 3 < len(nucleus) < 50
+    drawn = sample(flat.expand(2000, -1), 1.0, top_p=0.5,
+                   generator=torch.Generator().manual_seed(5))
+    assert set(drawn.tolist()) <= nucleus and len(set(drawn.tolist())) > 1
+
+
+@pytest.mark.parametrize("temperature", [0, 1e-38, 1e-30, 1e-12, 9.99e-6])
+def test_tiny_temperature_is_greedy(temperature):
+    """Below GREEDY_TEMPERATURE (1e-5, vLLM's threshold) sampling is the argmax: no inf/NaN."""
+    x = torch.tensor([[10.0, 9.0, 1.0], [-3.0, 4.0, 4.5]])
+    assert torch.equal(sample(x, temperature=temperature), torch.tensor([0, 2]))
+    kept = filter_logits(x, temperature=temperature, top_k=2, top_p=0.5)
+    assert not torch.isposinf(kept).any() and not torch.isnan(kept).any()
+    assert torch.isfinite(kept).sum(-1).tolist() == [1, 1]
+
+
+def test_temperature_at_the_greedy_threshold_still_samples():
+    x = torch.tensor([[0.0, 0.0, 0.0]])                    # all tied: argmax would be 0
+    draws = sample(x.expand(300, -1), temperature=GREEDY_TEMPERATURE,
+                   generator=torch.Generator().manual_seed(0))
+    assert set(draws.tolist()) == {0, 1, 2}
+    assert torch.isfinite(filter_logits(x, GREEDY_TEMPERATURE)).all()
+
+
+def test_overflowing_temperature_division_is_a_clear_error():
+    x = torch.tensor([[3e38, 0.0, 1.0]])
+    with pytest.raises(ValueError, match="temperature"):
+        filter_logits(x, temperature=0.5)
+    with pytest.raises(ValueError, match="temperature"):
+        sample(x, temperature=0.5)
+    assert int(sample(x, temperature=0)) == 0             # greedy needs no division
+
+
+def test_filter_logits_never_returns_plus_inf():
+    g = torch.Generator().manual_seed(1)
+    for T in (1e-5, 1e-4, 0.01, 0.5, 1.0, 3.0):
+        x = torch.randn(3, 50, generator=g) * 50
+        out = filter_logits(x, T, top_k=10, top_p=0.9, min_p=0.01)
+        assert not torch.isposinf(out).any() and not torch.isnan(out).any()
 
 
 def test_greedy_generation_is_argmax_at_every_step(pretrained):
@@ -329,9 +391,12 @@ def test_bad_logits(logits, exc, match):
             filter_logits(logits, temperature=temperature)
 
 
-def test_apply_temperature_rejects_zero():
-    with pytest.raises(ValueError, match="temperature > 0"):
-        apply_temperature(torch.zeros(1, 3), 0)
+def test_apply_temperature_rejects_greedy_temperatures():
+    for t in (0, 1e-9, 9.99e-6):
+        with pytest.raises(ValueError, match="GREEDY_TEMPERATURE"):
+            apply_temperature(torch.zeros(1, 3), t)
+    with pytest.raises(ValueError, match="temperature"):
+        apply_temperature(torch.zeros(1, 3), -1.0)
 
 
 def test_public_filter_steps_validate_their_argument():

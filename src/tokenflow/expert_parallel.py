@@ -397,6 +397,16 @@ def _logs(workdir: str, world_size: int, tail: int = 2000) -> str:
     return "".join(parts)
 
 
+def _forkserver_preload() -> list[str]:
+    """Modules the forkserver imports once. Not this module when it is itself the main
+    program (``python -m tokenflow.expert_parallel``): each rank re-runs the main module as
+    ``__mp_main__``, and a preloaded copy would make runpy warn once per rank."""
+    import sys
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return [] if getattr(main_spec, "name", None) == "tokenflow.expert_parallel" \
+        else ["tokenflow.expert_parallel"]
+
+
 def run_expert_parallel(moe: MoE, x: torch.Tensor, world_size: int, *,
                         splits: list[int] | None = None, backend: str | None = None,
                         timeout_s: float = 60.0, repeats: int = 1,
@@ -413,6 +423,12 @@ def run_expert_parallel(moe: MoE, x: torch.Tensor, world_size: int, *,
     helper process that imports torch once, and every rank of every run is forked from it, so
     a run costs well under a second after the first, and no rank inherits a parent's threads.
     ``"spawn"``: a fresh interpreter (and torch import) per rank.
+
+    Calling it from a script: with either start method every rank re-imports the calling
+    script's main module (as ``__mp_main__``), so a script must call this function under an
+    ``if __name__ == "__main__":`` guard, as for any ``multiprocessing`` program; without it
+    the ranks would try to start ranks of their own and fail. Notebooks and
+    ``python -m tokenflow.expert_parallel`` need nothing.
 
     Args:
         moe: the :class:`~tokenflow.moe.MoE` to distribute (its ``config`` is used).
@@ -472,7 +488,7 @@ def run_expert_parallel(moe: MoE, x: torch.Tensor, world_size: int, *,
         store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,
                               wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
         if start_method == "forkserver":
-            mp.set_forkserver_preload(["tokenflow.expert_parallel"])
+            mp.set_forkserver_preload(_forkserver_preload())
         ctx = mp.start_processes(_worker, nprocs=world_size, join=False,
                                  start_method=start_method,
                                  args=(world_size, store.port, workdir, backend,

@@ -10,10 +10,12 @@ Named after gpt-fast's ``prefill`` / ``decode_one_token``.
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from .kv_cache import KVCache
-from .sampling import check_sampling_args, sample
+from .sampling import check_sampling_args, is_greedy, sample
 
 __all__ = ["prefill", "decode_step", "generate"]
 
@@ -46,6 +48,27 @@ def decode_step(model, token_ids: torch.Tensor, kv_cache: KVCache, trace=None) -
     return model(token_ids, kv_cache=kv_cache, trace=trace)[:, -1]
 
 
+def _check_stop_args(config, max_new_tokens, eos_token_id, stop_at_eos) -> int | None:
+    """Validate generate's length and stop arguments; return the EOS id to stop at (or None)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+        raise TypeError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens}")
+    if not isinstance(stop_at_eos, bool):
+        raise TypeError(f"stop_at_eos must be a bool, got {stop_at_eos!r}")
+    if not stop_at_eos:
+        return None
+    if eos_token_id is None:
+        eos_token_id = config.eos_token_id
+    if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, numbers.Integral):
+        raise TypeError(f"eos_token_id must be an int in [0, vocab_size) or None, "
+                        f"got {eos_token_id!r}")
+    if not 0 <= eos_token_id < config.vocab_size:
+        raise ValueError(f"eos_token_id must be in [0, vocab_size={config.vocab_size}), "
+                         f"got {eos_token_id}")
+    return int(eos_token_id)
+
+
 @torch.inference_mode()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
@@ -73,22 +96,21 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
         ``[B, S + n]`` int64: the prompts followed by the ``n <= max_new_tokens`` new ids.
 
     Raises:
-        TypeError: ``input_ids`` not an integer tensor, ``generator`` not a torch.Generator.
+        TypeError: ``input_ids`` not an integer tensor, ``generator`` not a torch.Generator,
+            ``max_new_tokens`` or ``eos_token_id`` not an int (bools are rejected),
+            ``stop_at_eos`` not a bool.
         ValueError: bad sampling arguments, ``input_ids`` not ``[B,S]`` or out of range,
-            ``max_new_tokens < 0``, or prompt + new tokens longer than
-            ``max_position_embeddings``.
+            ``max_new_tokens < 0``, ``eos_token_id`` outside ``[0, vocab_size)`` (it could
+            never be produced, so generation would never stop), or prompt + new tokens longer
+            than ``max_position_embeddings``.
     """
     check_sampling_args(temperature, top_k, top_p, min_p)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, "
                         f"got {type(generator).__name__}")
     model._check_inputs(input_ids, None, attention_mask)
-    if not stop_at_eos:
-        eos_token_id = None
-    elif eos_token_id is None:
-        eos_token_id = model.config.eos_token_id
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    eos_token_id = _check_stop_args(model.config, max_new_tokens, eos_token_id, stop_at_eos)
+    max_new_tokens = int(max_new_tokens)
     B, S = input_ids.shape
     limit = model.config.max_position_embeddings
     if S + max_new_tokens > limit:
@@ -102,13 +124,13 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
     out = [input_ids]
     done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
     for step in range(max_new_tokens):
-        if temperature == 0 and bool(torch.isfinite(logits).all()):
+        if is_greedy(temperature) and bool(torch.isfinite(logits).all()):
             nxt = logits.argmax(dim=-1)         # [B]; == sample(logits, 0) on finite logits
         else:
             nxt = sample(logits, temperature, top_k, top_p, min_p, generator)  # [B]
         if trace is not None:
             trace.record("sample", "sampler", logits, nxt,
-                         note=("greedy argmax" if temperature == 0 else
+                         note=("greedy argmax" if is_greedy(temperature) else
                                f"T={temperature}, top_k={top_k}, top_p={top_p}, "
                                f"min_p={min_p}"))
         if eos_token_id is not None:

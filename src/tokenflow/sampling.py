@@ -12,6 +12,9 @@ appends ``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper``,
 
 1. **temperature** ``T``: ``logits / T``. ``T == 0`` means greedy: the argmax, no sampling
    (transformers: ``do_sample=False``). Ties: the first (lowest) index, as ``torch.argmax``.
+   Temperatures below :data:`GREEDY_TEMPERATURE` (``1e-5``) are greedy too, as in vLLM:
+   dividing by such a tiny number can overflow float32 to ``inf`` and make the softmax NaN,
+   and the distribution it would sample from is the argmax anyway.
 2. **top-k**: keep every token whose logit is ``>=`` the k-th largest. Tokens tied with the
    k-th value are all kept, so more than ``k`` can survive.
 3. **top-p** (nucleus sampling, Holtzman et al. 2019, arXiv:1904.09751): keep the smallest
@@ -64,9 +67,20 @@ import numbers
 import torch
 
 __all__ = ["filter_logits", "sample", "check_sampling_args", "apply_temperature",
-           "apply_top_k", "apply_top_p", "apply_min_p", "filter_steps"]
+           "apply_top_k", "apply_top_p", "apply_min_p", "filter_steps", "is_greedy",
+           "GREEDY_TEMPERATURE"]
 
 _NEG_INF = float("-inf")
+
+GREEDY_TEMPERATURE = 1e-5
+"""Temperatures below this act as ``temperature = 0`` (greedy), as vLLM's sampler does
+(``_SAMPLING_EPS = 1e-5`` in ``vllm/v1/sample/sampler.py``)."""
+
+
+def is_greedy(temperature: float) -> bool:
+    """True when ``temperature`` (already validated, ``>= 0``) means greedy decoding:
+    ``temperature < GREEDY_TEMPERATURE``."""
+    return temperature < GREEDY_TEMPERATURE
 
 
 def check_sampling_args(temperature: float = 1.0, top_k: int | None = None,
@@ -139,11 +153,21 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
         ``[B, V]`` scaled logits (the input itself when ``temperature == 1``).
 
     Raises:
-        ValueError: if ``temperature <= 0`` (greedy is handled by :func:`filter_logits`).
+        ValueError: if ``temperature < GREEDY_TEMPERATURE`` (greedy is handled by
+            :func:`filter_logits`), or if the division overflows float32 to ``+inf`` (huge
+            logits and a small temperature), which would make the softmax NaN.
     """
-    if not temperature > 0:
-        raise ValueError(f"apply_temperature needs temperature > 0, got {temperature}")
-    return logits if temperature == 1 else logits / temperature
+    check_sampling_args(temperature)
+    if is_greedy(temperature):
+        raise ValueError(f"apply_temperature needs temperature >= GREEDY_TEMPERATURE="
+                         f"{GREEDY_TEMPERATURE} (smaller ones are greedy), got {temperature}")
+    if temperature == 1:
+        return logits
+    scaled = logits / temperature
+    if torch.isposinf(scaled).any():
+        raise ValueError(f"logits / temperature overflows float32 at temperature="
+                         f"{temperature}; use a larger temperature or temperature=0 (greedy)")
+    return scaled
 
 
 def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -232,7 +256,8 @@ def filter_steps(logits: torch.Tensor, temperature: float = 1.0, top_k: int | No
         dict with keys ``"input"``, ``"temperature"``, ``"top_k"``, ``"top_p"``, ``"min_p"``
         (in that order), each a float32 tensor of the input's shape (``[B, V]`` or ``[V]``),
         ``-inf`` where a token has been removed so far. A disabled step repeats the previous
-        tensor. With ``temperature == 0`` every step after ``"input"`` is the greedy mask.
+        tensor. With a greedy temperature (``< GREEDY_TEMPERATURE``, e.g. 0) every step
+        after ``"input"`` is the greedy mask.
 
     Raises:
         TypeError, ValueError: as :func:`filter_logits`.
@@ -240,7 +265,7 @@ def filter_steps(logits: torch.Tensor, temperature: float = 1.0, top_k: int | No
     check_sampling_args(temperature, top_k, top_p, min_p)
     x, one_d = _as_2d(logits)
     steps = {"input": x}
-    if temperature == 0:
+    if is_greedy(temperature):
         keep = torch.zeros_like(x, dtype=torch.bool)
         keep.scatter_(1, x.argmax(dim=-1, keepdim=True), True)
         greedy = x.masked_fill(~keep, _NEG_INF)
@@ -264,8 +289,9 @@ def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | N
     Args:
         logits: ``[B, V]`` (or ``[V]``) float scores from the LM head; ``-inf`` entries are
             allowed (already-banned tokens) as long as each row has a finite one.
-        temperature: ``>= 0``; divide the logits by it. 0 keeps only the argmax (greedy;
-            ties: the first index) and ignores the other filters.
+        temperature: ``>= 0``; divide the logits by it. 0, or anything below
+            ``GREEDY_TEMPERATURE = 1e-5`` (as vLLM), keeps only the argmax (greedy; ties: the
+            first index) and ignores the other filters.
         top_k: keep the ``top_k`` best (all ties with the k-th kept); None disables.
         top_p: keep the smallest most-likely set whose probability reaches ``top_p``
             (the crossing token kept); None or 1 disables.
@@ -274,13 +300,14 @@ def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | N
 
     Returns:
         float32 logits of the input's shape, ``-inf`` where a token was removed. At least
-        one token per row survives. ``softmax`` of it is the distribution that is sampled.
+        one token per row survives, and no entry is ``+inf`` or NaN. ``softmax`` of it is
+        the distribution that is sampled.
 
     Raises:
         TypeError: logits not a floating-point tensor; argument of the wrong type.
         ValueError: logits not ``[B, V]``/``[V]``, containing NaN or +inf, or a row with no
             finite value; ``temperature < 0``, ``top_k < 1``, ``top_p`` outside ``(0, 1]``,
-            ``min_p`` outside ``[0, 1]``.
+            ``min_p`` outside ``[0, 1]``; ``logits / temperature`` overflowing float32.
     """
     return filter_steps(logits, temperature, top_k, top_p, min_p)["min_p"]
 
@@ -290,7 +317,8 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
            generator: torch.Generator | None = None) -> torch.Tensor:
     """Pick one next-token id per row of ``logits [B, V]`` (or one id for ``[V]``).
 
-    ``temperature == 0`` returns the argmax (greedy; first index on ties). Otherwise the
+    ``temperature < GREEDY_TEMPERATURE`` (``1e-5``; e.g. 0) returns the argmax (greedy; first
+    index on ties), as vLLM does. Otherwise the
     logits are filtered by :func:`filter_logits` and one id per row is drawn from their
     ``softmax`` with ``torch.multinomial`` (as transformers' ``_sample`` does), using
     ``generator``; pass a seeded ``torch.Generator`` for reproducible draws.
@@ -303,7 +331,7 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
     """
     filtered = filter_logits(logits, temperature, top_k, top_p, min_p)
     x = filtered[None] if filtered.dim() == 1 else filtered
-    if temperature == 0:
+    if is_greedy(temperature):
         ids = x.argmax(dim=-1)
     else:
         probs = x.softmax(dim=-1)                                      # [B, V]

@@ -1,59 +1,103 @@
-"""The book's BPE tokenizer, trained with Hugging Face ``tokenizers`` on the bundled corpus.
+"""The book's byte-level BPE tokenizer, trained with Hugging Face ``tokenizers`` on the corpus.
 
-Text -> token ids is the step before the seed's first arrow. Byte-pair encoding (Sennrich et
-al. 2016, arXiv:1508.07909) starts from characters and merges the most frequent adjacent
-pairs. Real tokenizers first cut text into "words" (at spaces and punctuation) and merge only
-inside a word. Chinese has no spaces, so our pre-tokenizer also cuts around a short list of
-function characters (是 的 在 首 都 府 ...), a stand-in for word segmentation. That keeps
-the seed's split 北京 / 是 / 中国 / 的 and leaves 首 and 都 as separate tokens, so the running
-example's last step (首 -> 都, with 府 as runner-up) is a real choice of the model. A
-production vocabulary (e.g. DeepSeek-V3's 129,280 entries) is learned from far more text.
+Text -> token ids is the step before the seed's first arrow. Like the tokenizers of GPT-2,
+Llama 3, Qwen and DeepSeek, ours is **byte-level**: text is first turned into its UTF-8 bytes,
+and the 256 possible byte values are the first entries of the vocabulary. Byte-pair encoding
+(Sennrich et al. 2016, arXiv:1508.07909; byte-level variant: Radford et al. 2019, GPT-2)
+then merges the most frequent adjacent pairs into longer tokens. So every string can be
+encoded and decoded back exactly: a character the corpus never showed (an emoji, a newline,
+a rare Chinese character) is simply spelled as its bytes, one token per byte.
 
-Special tokens: ``<pad>`` (0), ``<bos>`` (1), ``<eos>`` (2), ``<unk>`` (3).
+Real tokenizers first cut text into "words" (at spaces and punctuation) and merge only inside
+a word. Chinese has no spaces, so our pre-tokenizer also cuts around a short list of function
+characters (是 的 在 首 都 府 ...), a stand-in for word segmentation. That keeps the seed's split
+北京 / 是 / 中国 / 的 and leaves 首 and 都 as separate tokens, so the running example's last step
+(首 -> 都, with 府 as runner-up) is a real choice of the model. A production vocabulary (e.g.
+DeepSeek-V3's 129,280 entries) is learned from far more text.
+
+Token strings: inside the vocabulary a byte-level token is stored with each byte mapped to a
+printable character (GPT-2's ``bytes_to_unicode`` table, e.g. 北 = bytes E5 8C 97 is stored as
+``åĮĹ``). The book shows tokens as the text they stand for instead: :meth:`Tokenizer.id_to_token`
+and :meth:`Tokenizer.tokens` return the decoded text, or ``<0xE5>``-style byte names (as
+Llama's byte fallback writes them) when a token holds only part of a character.
+
+Special tokens: ``<pad>`` (0), ``<bos>`` (1), ``<eos>`` (2), ``<unk>`` (3, kept for
+compatibility; a byte-level tokenizer never needs it).
 """
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
 
-__all__ = ["Tokenizer", "train_tokenizer", "FUNCTION_CHARS", "SPECIAL_TOKENS"]
+__all__ = ["Tokenizer", "train_tokenizer", "bytes_to_unicode", "FUNCTION_CHARS",
+           "SPECIAL_TOKENS"]
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 FUNCTION_CHARS = "是的在首都府省会也一座大城市"
 """Characters the pre-tokenizer isolates before BPE merges (our word segmentation)."""
 
 
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's table from the 256 byte values to printable characters (``{byte: char}``).
+
+    Bytes that are printable Latin-1 characters map to themselves; the others (control
+    characters, space, ...) map to characters from U+0100 upwards, so that every token of a
+    byte-level vocabulary is a visible string. Same table as ``tokenizers``'
+    ``pre_tokenizers.ByteLevel`` (tested), from openai/gpt-2 ``encoder.py``.
+    """
+    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1))
+            + list(range(ord("\xae"), ord("\xff") + 1)))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+_BYTE_TO_CHAR = bytes_to_unicode()
+_CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
+
+
 def _pre_tokenizer():
     return pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(f"[{FUNCTION_CHARS}]"), behavior="isolated"),
-        pre_tokenizers.Punctuation(behavior="isolated"),
-        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
     ])
 
 
-def train_tokenizer(lines: list[str], vocab_size: int = 512) -> "Tokenizer":
-    """Train a BPE tokenizer on ``lines`` (deterministic for the same input).
+def train_tokenizer(lines: list[str], vocab_size: int = 1024) -> "Tokenizer":
+    """Train a byte-level BPE tokenizer on ``lines`` (deterministic for the same input).
+
+    The vocabulary starts with the 4 special tokens and all 256 byte values, then adds one
+    merged token per BPE merge.
 
     Args:
         lines: training sentences.
         vocab_size: upper bound on the vocabulary (the trainer stops earlier when no pair
-            occurs twice).
+            occurs twice); at least ``4 + 256``.
 
     Raises:
-        ValueError: if ``lines`` is empty or ``vocab_size`` is smaller than the specials.
+        ValueError: if ``lines`` is empty or ``vocab_size`` is smaller than specials + bytes.
     """
     if not lines:
         raise ValueError("lines must be a non-empty list of sentences")
-    if vocab_size <= len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size must be > {len(SPECIAL_TOKENS)}, got {vocab_size}")
-    tok = HFTokenizer(models.BPE(unk_token="<unk>"))
+    smallest = len(SPECIAL_TOKENS) + 256
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < smallest:
+        raise ValueError(f"vocab_size must be an int >= {smallest} (specials + 256 bytes), "
+                         f"got {vocab_size!r}")
+    tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = _pre_tokenizer()
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="never")
+    tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2,
-                                  special_tokens=SPECIAL_TOKENS, show_progress=False)
+                                  special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(lines, trainer=trainer)
     return Tokenizer(tok)
 
@@ -94,10 +138,12 @@ class Tokenizer:
         return self.tok.encode(text, add_special_tokens=False).ids
 
     def tokens(self, text: str) -> list[str]:
-        """The token strings of ``text`` (``▁`` marks a preceding space)."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return self.tok.encode(text, add_special_tokens=False).tokens
+        """The text of each token of ``text`` (see :meth:`id_to_token`).
+
+        Raises:
+            TypeError: if ``text`` is not a str.
+        """
+        return [self.id_to_token(i) for i in self.encode(text)]
 
     def decode(self, ids) -> str:
         """Token ids (list or 1-D tensor) -> text; special tokens are dropped.
@@ -120,25 +166,61 @@ class Tokenizer:
                              f"got {bad[0]}")
         return self.tok.decode(ids, skip_special_tokens=True)
 
-    def id_to_token(self, i: int) -> str:
-        """The string of one token id.
+    def _check_id(self, i) -> int:
+        if isinstance(i, torch.Tensor) and i.numel() == 1 and not i.is_floating_point():
+            i = int(i)
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"token id must be an int, got {type(i).__name__}")
+        if not 0 <= i < self.vocab_size:
+            raise ValueError(f"token id must be in [0, vocab_size={self.vocab_size}), got {i}")
+        return i
+
+    def token_bytes(self, i: int) -> bytes:
+        """The UTF-8 bytes token ``i`` stands for (special tokens: their name's bytes).
 
         Raises:
-            ValueError: if ``i`` is outside ``[0, vocab_size)``.
+            TypeError: if ``i`` is not an int. ValueError: if outside ``[0, vocab_size)``.
         """
-        if not 0 <= int(i) < self.vocab_size:
-            raise ValueError(f"token id must be in [0, vocab_size={self.vocab_size}), got {i}")
-        return self.tok.id_to_token(int(i))
+        raw = self.tok.id_to_token(self._check_id(i))
+        if raw in SPECIAL_TOKENS:
+            return raw.encode("utf-8")
+        return bytes(_CHAR_TO_BYTE[c] for c in raw)
+
+    def id_to_token(self, i: int) -> str:
+        """The text of one token: its bytes decoded as UTF-8, a special token's name
+        (``<eos>``), or, when the token holds only part of a character (a byte-level
+        fallback for a character the vocabulary has no token for), its bytes written as
+        ``<0xE5><0x8C>``. The raw vocabulary string is ``self.tok.id_to_token(i)``.
+
+        Raises:
+            TypeError: if ``i`` is not an int. ValueError: if outside ``[0, vocab_size)``.
+        """
+        raw = self.tok.id_to_token(self._check_id(i))
+        if raw in SPECIAL_TOKENS:
+            return raw
+        data = bytes(_CHAR_TO_BYTE[c] for c in raw)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return "".join(f"<0x{b:02X}>" for b in data)
 
     def token_to_id(self, token: str) -> int:
-        """The id of a token string.
+        """The id of a token given as its text (the inverse of :meth:`id_to_token`).
 
         Raises:
-            KeyError: if the string is not in the vocabulary.
+            TypeError: if ``token`` is not a str.
+            KeyError: if no single token has that text.
         """
-        i = self.tok.token_to_id(token)
+        if not isinstance(token, str):
+            raise TypeError(f"token must be a str, got {type(token).__name__}")
+        if token in SPECIAL_TOKENS:
+            return self.tok.token_to_id(token)
+        hexes = re.fullmatch(r"(?:<0x[0-9A-F]{2}>)+", token)
+        data = (bytes(int(h, 16) for h in re.findall(r"<0x([0-9A-F]{2})>", token)) if hexes
+                else token.encode("utf-8"))
+        i = self.tok.token_to_id("".join(_BYTE_TO_CHAR[b] for b in data)) if data else None
         if i is None:
-            raise KeyError(f"{token!r} is not in the vocabulary")
+            raise KeyError(f"{token!r} is not a single token of the vocabulary")
         return i
 
     def batch_encode(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,4 +249,4 @@ class Tokenizer:
         return ids, mask
 
     def __repr__(self) -> str:
-        return f"Tokenizer(BPE, vocab_size={self.vocab_size})"
+        return f"Tokenizer(byte-level BPE, vocab_size={self.vocab_size})"
