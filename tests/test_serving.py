@@ -331,3 +331,34 @@ def test_scheduler_settings():
         Scheduler(BlockManager(4, 4), max_num_seqs=0, max_num_batched_tokens=4)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         Scheduler(BlockManager(4, 4), max_num_seqs=1, max_num_batched_tokens=True)
+
+
+# ------------------------------------------------------------------- runner storage
+def test_storage_decode_group_matches_own_caches(model):
+    """Rows decoded in the batched group give the logits of each request decoded alone; a
+    member freed and allocated again starts from an empty cache."""
+    from tokenflow import KVCache, decode_step, prefill
+    from tokenflow.serving import ContiguousKVStorage, ScheduledChunk
+    store = ContiguousKVStorage(model)
+    reqs = [_req(i, _ids(n, 20 + i), 8) for i, n in enumerate((5, 11, 8))]
+    refs = []
+    for r in reqs:
+        store.allocate(r.request_id, 24)
+        store.forward([ScheduledChunk(r, 0, r.num_tokens)])
+        refs.append(KVCache(model.config, 1, 24))
+        prefill(model, torch.tensor([r.token_ids]), refs[-1])
+    for step in range(3):                               # same rows: the group is reused
+        for r in reqs:
+            r.output_token_ids.append(40 + step)
+        got = store.forward([ScheduledChunk(r, r.num_tokens - 1, 1) for r in reqs])
+        for r, ref in zip(reqs, refs):
+            want = decode_step(model, torch.tensor([r.token_ids[-1]]), ref)[0]
+            assert torch.allclose(got[r.request_id], want, atol=1e-5)
+    assert [store.num_computed(r.request_id) for r in reqs] == [r.num_tokens for r in reqs]
+    store.free(1)                                       # flushes the group back first
+    store.allocate(1, 24)
+    assert store.num_computed(1) == 0 and store.num_computed(0) == reqs[0].num_tokens
+    got = store.forward([ScheduledChunk(reqs[1], 0, reqs[1].num_tokens)])
+    fresh = KVCache(model.config, 1, 24)
+    want = prefill(model, torch.tensor([reqs[1].token_ids]), fresh)[0]
+    assert torch.allclose(got[1], want, atol=1e-5)

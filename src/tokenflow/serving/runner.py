@@ -6,8 +6,8 @@ Two pieces:
   :class:`~tokenflow.KVCache` (batch 1, ``max_len`` = the request's block allocation,
   ``ceil((prompt + max_new_tokens) / block_size) * block_size``) per running request.
   Prefill chunks run one request per call (``prefill`` on its cache); decode rows of several
-  requests run as **one** batched call: their caches are copied, left-padded, into a temporary
-  batch cache, and the new K/V row is copied back. Prefix-cache hits are **recomputed**: the
+  requests run as **one** batched call on a left-padded copy of their caches that is kept
+  while the same requests decode (the "decode group", see the class). Prefix-cache hits are **recomputed**: the
   scheduler counts the cached tokens as computed (as it must for the paged storage, where
   blocks are really shared), and this storage, which cannot share tensors between requests,
   runs those tokens together with the request's first chunk (counted in
@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from ..generate import decode_step, prefill
 from ..kv_cache import KVCache
@@ -35,6 +34,13 @@ __all__ = ["ContiguousKVStorage", "ModelRunner"]
 
 class ContiguousKVStorage:
     """Per-request contiguous KV caches (see the module docstring).
+
+    Decode batching: the decode rows of a step are copied, left-padded, into one batch
+    :class:`~tokenflow.KVCache` (the *decode group*). While the same requests keep decoding
+    step after step, the group is reused as it is and their new K/V stay there; when the set
+    of decode rows changes, the new slots are copied back to each request's own cache
+    (:meth:`_flush`) and a new group is built. So the copies happen when requests join or
+    leave, not every step.
 
     Args:
         model: a :class:`~tokenflow.model.TokenFlowModel` (eval mode).
@@ -53,6 +59,9 @@ class ContiguousKVStorage:
         self.num_recomputed_tokens = 0
         p = next(model.parameters())
         self.dtype, self.device = p.dtype, p.device
+        self._group: list = []                  # request ids of the decode group's rows
+        self._batch: KVCache | None = None      # their [B, n_kv, L, D] caches, left-padded
+        self._group_start = 0                   # first slot of tokens decoded in the group
 
     def allocate(self, request_id, max_len: int) -> None:
         """A fresh empty cache of ``max_len`` slots for ``request_id``."""
@@ -61,10 +70,19 @@ class ContiguousKVStorage:
 
     def free(self, request_id) -> None:
         """Drop the request's cache (finished or preempted); unknown ids are ignored."""
+        if request_id in self._group:
+            self._flush()                       # the group must not outlive a member
         self.caches.pop(request_id, None)
 
     def __contains__(self, request_id) -> bool:
         return request_id in self.caches
+
+    def num_computed(self, request_id) -> int:
+        """Tokens whose K/V this storage holds for the request."""
+        n = self.caches[request_id].length
+        if request_id in self._group:
+            n += self._batch.length - self._group_start
+        return n
 
     @torch.inference_mode()
     def forward(self, chunks: list[ScheduledChunk]) -> dict:
@@ -75,50 +93,60 @@ class ContiguousKVStorage:
         """
         logits, decode_rows = {}, []
         for c in chunks:
-            cache = self.caches[c.request.request_id]
-            if self.batch_decode and c.num_tokens == 1 and cache.length == c.start:
+            rid = c.request.request_id
+            if self.batch_decode and c.num_tokens == 1 and self.num_computed(rid) == c.start:
                 decode_rows.append(c)
                 continue
-            missing = c.start - cache.length             # prefix-cache hit: recompute it
-            self.num_recomputed_tokens += missing
+            if rid in self._group:
+                self._flush()
+            cache = self.caches[rid]
+            self.num_recomputed_tokens += c.start - cache.length   # prefix-cache hit
             ids = torch.tensor([c.request.token_ids[cache.length:c.start + c.num_tokens]],
                                device=self.device)                      # [1, S]
             out = prefill(self.model, ids, cache)                       # [1, V]
             if c.samples:
-                logits[c.request.request_id] = out[0]
+                logits[rid] = out[0]
         if decode_rows:
-            out = self._decode(decode_rows)                             # [B, V]
-            for b, c in enumerate(decode_rows):
-                logits[c.request.request_id] = out[b]
+            rids = [c.request.request_id for c in decode_rows]
+            if rids != self._group or self._batch.length == self._batch.max_len:
+                self._flush()
+                self._build_group(rids)
+            ids = torch.tensor([[c.request.token_ids[c.start]] for c in decode_rows],
+                               device=self.device)                      # [B, 1]
+            out = decode_step(self.model, ids, self._batch)             # [B, V]
+            logits.update(zip(rids, out))
         return logits
 
-    def _decode(self, rows: list[ScheduledChunk]) -> torch.Tensor:
-        """One decode token for each row in one forward; returns ``[B, V]`` logits."""
-        caches = [self.caches[c.request.request_id] for c in rows]
-        ids = torch.tensor([[c.request.token_ids[c.start]] for c in rows],
-                           device=self.device)                          # [B, 1]
-        if len(rows) == 1:
-            return decode_step(self.model, ids, caches[0])
+    def _build_group(self, rids: list) -> None:
+        """Copy the requests' caches, right-aligned (left padding), into one batch cache
+        with room for as many new tokens as the fullest own cache can take back."""
+        caches = [self.caches[r] for r in rids]
         lengths = [c.length for c in caches]
         L = max(lengths)
-        batch = KVCache(self.model.config, len(rows), L + 1, dtype=self.dtype,
+        room = min(c.max_len - c.length for c in caches)
+        batch = KVCache(self.model.config, len(rids), L + room, dtype=self.dtype,
                         device=self.device)
-        mask = torch.tensor([[0] * (L - n) + [1] * n for n in lengths])  # [B, L] left padding
-        batch.reserve(mask)
-        for layer in range(self.model.config.num_hidden_layers):
-            k = torch.cat([F.pad(c.k[layer][:, :, :n], (0, 0, L - n, 0))
-                           for c, n in zip(caches, lengths)])           # [B, n_kv, L, D]
-            v = torch.cat([F.pad(c.v[layer][:, :, :n], (0, 0, L - n, 0))
-                           for c, n in zip(caches, lengths)])
-            batch.write(layer, 0, k, v)
-        logits = decode_step(self.model, ids, batch)                    # [B, V]
-        one = torch.ones(1, 1, dtype=torch.long)
-        for b, (c, n) in enumerate(zip(caches, lengths)):
-            c.reserve(one)                                              # claim slot n
-            for layer in range(self.model.config.num_hidden_layers):
-                c.write(layer, n, batch.k[layer][b:b + 1, :, L:L + 1],
-                        batch.v[layer][b:b + 1, :, L:L + 1])            # [1, n_kv, 1, D]
-        return logits
+        batch.reserve(torch.tensor([[0] * (L - n) + [1] * n for n in lengths]))  # [B, L]
+        for b, (c, n) in enumerate(zip(caches, lengths)):               # row b: slots L-n..L
+            for layer in range(len(c.k)):
+                batch.k[layer][b, :, L - n:L] = c.k[layer][0, :, :n]    # [n_kv, n, D]
+                batch.v[layer][b, :, L - n:L] = c.v[layer][0, :, :n]
+        self._group, self._batch, self._group_start = rids, batch, L
+
+    def _flush(self) -> None:
+        """Copy the tokens decoded in the group back to each (still held) own cache."""
+        if not self._group:
+            return
+        start, end = self._group_start, self._batch.length
+        for b, rid in enumerate(self._group):
+            if end == start:
+                break
+            c, n = self.caches[rid], self.caches[rid].length
+            c.reserve(torch.ones(1, end - start, dtype=torch.long))     # claim slots n..
+            for layer in range(len(c.k)):
+                c.write(layer, n, self._batch.k[layer][b:b + 1, :, start:end],
+                        self._batch.v[layer][b:b + 1, :, start:end])    # [1, n_kv, m, D]
+        self._group, self._batch = [], None
 
 
 class ModelRunner:
@@ -152,11 +180,15 @@ class ModelRunner:
             if c.request.request_id not in self.storage:
                 self.storage.allocate(c.request.request_id, self._capacity(c.request))
         logits = self.storage.forward(plan.chunks)
+        reqs = [c.request for c in plan.chunks if c.samples]
+        greedy = [r for r in reqs if r.params.temperature == 0]
         sampled = {}
-        for c in plan.chunks:
-            if c.samples:
-                r = c.request
-                p = r.params
+        if greedy:                      # one argmax for all greedy rows, as generate does
+            rows = torch.stack([logits[r.request_id] for r in greedy])      # [G, V]
+            sampled.update(zip((r.request_id for r in greedy), rows.argmax(-1).tolist()))
+        for r in reqs:
+            p = r.params
+            if p.temperature != 0:
                 tok = sample(logits[r.request_id][None], p.temperature, p.top_k, p.top_p,
                              p.min_p, r.generator)                      # [1]
                 sampled[r.request_id] = int(tok[0])
