@@ -571,3 +571,4 @@ def hf_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """
     m = attention_mask.long()
     return (m.cumsum(-1) - 1).masked_fill(m == 0, 0)
+from .hf_export import save_hf_checkpoint  # noqa: E402,F401  (writes an HF checkpoint folder)

@@ -1,0 +1,15 @@
+"""A small serving engine in the spirit of vLLM / nano-vllm, written for reading.
+
+request.py (what a request asks and gets) -> block_manager.py (which KV block holds which
+tokens) -> scheduler.py (who computes what this step) -> runner.py (model calls, sampling)
+-> engine.py (the loop and its metrics). See DESIGN.md section 5.
+"""
+from .request import Request, RequestOutput, RequestStatus, SamplingParams
+from .block_manager import Block, BlockManager, chain_hash
+from .scheduler import ScheduledChunk, Scheduler, StepPlan
+from .runner import ContiguousKVStorage, ModelRunner
+from .engine import LLMEngine, StepRecord
+
+__all__ = ["Request", "RequestOutput", "RequestStatus", "SamplingParams", "Block",
+           "BlockManager", "chain_hash", "ScheduledChunk", "Scheduler", "StepPlan",
+           "ContiguousKVStorage", "ModelRunner", "LLMEngine", "StepRecord"]

@@ -1,0 +1,106 @@
+"""The exported Hugging Face folder loads with transformers offline (issue F5): logits equal
+ours within 1e-4, greedy continuations agree, and AutoTokenizer gives our ids."""
+import json
+
+import pytest
+import torch
+import transformers
+
+from tokenflow import Tokenizer, TokenFlowModel, generate, preset
+from tokenflow.interop import save_hf_checkpoint
+
+from conftest import random_model
+
+ATOL = 1e-4
+TEXTS = ["北京是中国的首", "东京是日本的首都。", "Paris is the capital of France.",
+         "伦敦 London 2024!", "The"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer.from_file()
+
+
+def _model(name, tokenizer, seed=0):
+    """Random model of a preset whose vocabulary fits the shipped tokenizer."""
+    m = TokenFlowModel(preset(name, vocab_size=tokenizer.vocab_size))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.08, generator=g)
+    return m
+
+
+@pytest.fixture(scope="module", params=["tiny", "tiny-dense"])
+def exported(request, tokenizer, tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("TRANSFORMERS_OFFLINE", "1")
+    ours = _model(request.param, tokenizer).eval()
+    folder = save_hf_checkpoint(ours, tmp_path_factory.mktemp(request.param), tokenizer)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    yield ours, hf, hf_tok, folder
+    mp.undo()
+
+
+def test_folder_contents(exported):
+    ours, hf, _, folder = exported
+    names = {p.name for p in folder.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json",
+            "tokenizer_config.json"} <= names
+    cfg = json.loads((folder / "config.json").read_text())
+    expected = {"tiny": "Qwen2MoeForCausalLM", "tiny-dense": "LlamaForCausalLM"}
+    assert cfg["architectures"] == [expected[ours.config.name]]
+    assert type(hf).__name__ == expected[ours.config.name]
+
+
+def test_logits_equal_ours(exported, tokenizer):
+    ours, hf, _, _ = exported
+    for text in TEXTS:
+        ids = torch.tensor([tokenizer.encode(text)])
+        with torch.no_grad():
+            diff = (ours(ids) - hf(ids).logits).abs().max().item()
+        assert diff <= ATOL, text
+
+
+def test_greedy_continuation_equal(exported, tokenizer):
+    ours, hf, _, _ = exported
+    ids = torch.tensor([tokenizer.encode(TEXTS[0])])
+    mine = generate(ours, ids, 8, stop_at_eos=False)
+    theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                         min_new_tokens=8, do_sample=False)
+    assert mine.tolist() == theirs.tolist()
+
+
+def test_tokenizer_same_ids(exported, tokenizer):
+    _, _, hf_tok, _ = exported
+    for text in TEXTS:
+        assert hf_tok(text, add_special_tokens=False)["input_ids"] == tokenizer.encode(text)
+        ids = tokenizer.encode(text)
+        assert hf_tok.decode(ids, skip_special_tokens=True) == tokenizer.decode(ids)
+    assert (hf_tok.eos_token_id, hf_tok.bos_token_id, hf_tok.pad_token_id) == (
+        tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id)
+
+
+def test_special_ids_must_match(tokenizer, tmp_path):
+    m = random_model(0, vocab_size=tokenizer.vocab_size, eos_token_id=5)
+    with pytest.raises(ValueError, match="eos_token_id"):
+        save_hf_checkpoint(m, tmp_path, tokenizer)
+    small = random_model(0, vocab_size=64)
+    with pytest.raises(ValueError, match="vocab_size"):
+        save_hf_checkpoint(small, tmp_path, tokenizer)
+
+
+def test_shipped_model_exports(pretrained, tmp_path):
+    """The book's model: the HF copy predicts what ours predicts after 北京是中国的首
+    (whichever token that is for the current weights)."""
+    model, tok = pretrained
+    folder = save_hf_checkpoint(model, tmp_path, tok)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = torch.tensor([tok.encode(TEXTS[0])])
+    with torch.no_grad():
+        mine, theirs = model(ids)[0, -1], hf(ids).logits[0, -1]
+    assert (mine - theirs).abs().max().item() <= ATOL
+    assert int(mine.argmax()) == int(theirs.argmax())
