@@ -54,25 +54,26 @@ def _layer_inputs(model, B, S, past, seed=0):
     attn = model.layers[0].self_attn
     if past:
         x0 = torch.randn(B, past, cfg.hidden_size)
-        start, pos = cache.reserve(torch.ones(B, past, dtype=torch.long))
-        cos, sin = model.rotary(pos)
-        attn(x0, cos, sin, attention_mask_for(cache.valid, start, past), cache, start)
+        step = cache.begin_step(torch.ones(B, past, dtype=torch.long), B, past)
+        cos, sin = model.rotary(step.positions)
+        attn(x0, cos, sin, step, cache)
     x = torch.randn(B, S, cfg.hidden_size)
-    start, pos = cache.reserve(torch.ones(B, S, dtype=torch.long))
-    cos, sin = model.rotary(pos)
-    return attn, x, cos, sin, attention_mask_for(cache.valid, start, S), cache, start
+    step = cache.begin_step(torch.ones(B, S, dtype=torch.long), B, S)
+    cos, sin = model.rotary(step.positions)
+    return attn, x, cos, sin, step, cache
 
 
 @pytest.mark.parametrize("overrides", ATTN_CONFIGS)
 @pytest.mark.parametrize("B,S,past", [(1, 1, 5), (2, 3, 4), (3, 6, 0)])
 def test_attention_steps_equal_the_module(make_model, overrides, B, S, past):
     model = make_model(**overrides)
-    attn, x, cos, sin, mask, cache, start = _layer_inputs(model, B, S, past)
+    attn, x, cos, sin, step, cache = _layer_inputs(model, B, S, past)
+    mask, start = step.mask, step.start
     before = cache.k[0].clone()
     with torch.no_grad():
         steps = attention_steps(attn, x, cos, sin, mask, cache, start)
         assert torch.equal(cache.k[0], before)                  # steps do not write the cache
-        want = attn(x, cos, sin, mask, cache, start)            # the module does
+        want = attn(x, cos, sin, step, cache)                   # the module does
     torch.testing.assert_close(steps["out"], want, atol=1e-6, rtol=1e-5)
     nh, nkv, D = attn.n_heads, attn.n_kv, attn.head_dim
     L = start + S
@@ -94,7 +95,8 @@ def test_attention_steps_equal_the_module(make_model, overrides, B, S, past):
 
 def test_attention_steps_bad_input(make_model):
     model = make_model()
-    attn, x, cos, sin, mask, cache, start = _layer_inputs(model, 1, 1, 3)
+    attn, x, cos, sin, step, cache = _layer_inputs(model, 1, 1, 3)
+    mask, start = step.mask, step.start
     with pytest.raises(ValueError, match="x must have shape"):
         attention_steps(attn, x[..., :5], cos, sin, mask, cache, start)
     with pytest.raises(ValueError, match="mask must have shape"):

@@ -14,6 +14,7 @@ import torch
 
 from tokenflow import KVCache, ModelConfig, TokenFlowModel, decode_step, generate, preset, prefill
 from tokenflow import interop
+from tokenflow.kv_cache import CacheStep
 from tokenflow.moe import MoE
 
 transformers = pytest.importorskip("transformers")
@@ -382,9 +383,10 @@ def test_sdpa_fast_paths_equal_the_masked_call(start, S, pad):
     for c in (cache_a, cache_b):
         c.k[0][:, :, :start] = past
         c.v[0][:, :, :start] = -past
+    pos = torch.arange(start, L).expand(B, S)
     with torch.no_grad():
-        fast = attn(x, cos, sin, mask, cache_a, start)
-        plain = attn(x, cos, sin, mask.clone(), cache_b, start)         # clone: no hint
+        fast = attn(x, cos, sin, CacheStep(start, pos, mask), cache_a)
+        plain = attn(x, cos, sin, CacheStep(start, pos, mask.clone()), cache_b)  # no hint
     assert not hasattr(mask.clone(), "sdpa_hint")
     torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-5)
 
@@ -399,19 +401,22 @@ def test_rmsnorm_fast_path_is_bit_identical():
     assert torch.equal(fast, slow.detach())
 
 
-def test_reserve_all_real_equals_reserve_of_ones():
+def test_begin_step_without_mask_equals_a_mask_of_ones():
+    """The decode loop's shortcut (no attention_mask: all tokens real) claims the same slots,
+    positions and mask as an explicit mask of ones."""
     cfg = preset("tiny")
     a, b = KVCache(cfg, 3, 20), KVCache(cfg, 3, 20)
     mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]])
-    a.reserve(mask), b.reserve(mask)
+    a.begin_step(mask, 3, 4), b.begin_step(mask, 3, 4)
     for S in (1, 5, 1):
-        sa, pa = a.reserve(torch.ones(3, S))
-        sb, pb = b._reserve_all_real(3, S)
-        assert sa == sb and torch.equal(pa, pb)
+        sa = a.begin_step(torch.ones(3, S), 3, S)
+        sb = b.begin_step(None, 3, S)
+        assert sa.start == sb.start and torch.equal(sa.positions, sb.positions)
+        assert torch.equal(sa.mask, sb.mask)
         assert torch.equal(a.valid, b.valid) and torch.equal(a.num_real, b.num_real)
         assert a.length == b.length
     with pytest.raises(ValueError, match="max_len"):
-        b._reserve_all_real(3, 20)
+        b.begin_step(None, 3, 20)
 
 
 @pytest.mark.parametrize("start,S", [(0, 1), (0, 7), (6, 1)])
