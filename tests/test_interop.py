@@ -17,7 +17,7 @@ from tokenflow import interop
 from tokenflow.kv_cache import CacheStep
 from tokenflow.moe import MoE
 
-transformers = pytest.importorskip("transformers")
+import transformers
 
 ATOL = 1e-4
 PROMPTS = ["北京是中国的首", "东京是日本的", "Paris is the capital of", "伦敦在", "The"]
@@ -296,8 +296,11 @@ def test_architecture_choice_and_errors():
         interop.to_hf_config(preset("tiny"), "gpt2")
     with pytest.raises(ValueError, match="dense"):
         interop.to_hf_config(preset("tiny-dense"), "mixtral")
-    with pytest.raises(ValueError, match="whole model"):
+    with pytest.raises(ValueError, match="deepseek_v3: DeepSeek-V3 routes with sigmoid"):
         interop.state_dict_to_hf(TokenFlowModel(preset("tiny")), architecture="deepseek_v3")
+    with pytest.raises(ValueError, match="needs MLA attention"):
+        interop.state_dict_to_hf(TokenFlowModel(preset("tiny", scoring_func="sigmoid")),
+                                 architecture="deepseek_v3")
     moe = MoE(_moe_cfg(scoring_func="sigmoid"))
     hf_cfg = interop.to_hf_config(_moe_cfg(num_shared_experts=0), "mixtral")
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
@@ -312,8 +315,8 @@ def test_from_hf_config_reads_rope_parameters_and_rejects_others():
     assert hf.rope_parameters["rope_theta"] == 5e5
     assert interop.from_hf_config(hf).rope_theta == 5e5
     d = hf.to_dict()
-    d["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}
-    with pytest.raises(ValueError, match="rope_type"):
+    d["rope_parameters"] = {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}
+    with pytest.raises(ValueError, match="rope_type 'dynamic'"):
         interop.from_hf_config(d)
     q = interop.to_hf_config(preset("tiny")).to_dict()
     q["shared_expert_intermediate_size"] = 100

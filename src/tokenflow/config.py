@@ -284,7 +284,8 @@ class ModelConfig:
             num_experts_per_tok=(g("num_experts_per_tok") or 2) if experts else 0,
             num_shared_experts=(g("n_shared_experts") or 0) if experts else 0,
             first_k_dense_replace=g("first_k_dense_replace") or 0,
-            scoring_func=g("scoring_func") or "softmax",
+            scoring_func=g("scoring_func") or ("sigmoid" if g("model_type") == "deepseek_v3"
+                                               else "softmax"),   # HF's V3 router: sigmoid
             norm_topk_prob=True if mixtral_like else bool(g("norm_topk_prob", False)),
             routed_scaling_factor=float(g("routed_scaling_factor") or 1.0),
             n_group=g("n_group") or 1, topk_group=g("topk_group") or 1,

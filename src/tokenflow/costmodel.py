@@ -1,9 +1,10 @@
 """Back-of-envelope costs for real configs: parameters, KV-cache bytes, FLOPs.
 
-All counts follow the shared model's architecture (GQA attention, SwiGLU FFN / MoE, RMSNorm),
-so for our own configs :func:`param_count` equals ``model.num_parameters()`` exactly (tested).
-For DeepSeek models, whose attention is MLA (DeepSeek-V2 report, arXiv:2405.04434, Table 1),
-use :func:`mla_kv_cache_bytes_per_token` for the cache.
+All counts follow the shared model's architecture (GQA or MLA attention, SwiGLU FFN / MoE,
+RMSNorm), so for our own configs :func:`param_count` equals ``model.num_parameters()`` exactly
+(tested, MLA included). DeepSeek configs carry the MLA fields, and
+:func:`kv_cache_bytes_per_token` then counts the compressed cache (DeepSeek-V2 report,
+arXiv:2405.04434, Table 1).
 """
 from __future__ import annotations
 
@@ -28,14 +29,24 @@ def _ffn_params(H: int, I: int) -> int:
 
 
 def _attn_params(c: ModelConfig) -> int:
-    H, D = c.hidden_size, c.head_dim
-    return H * c.num_attention_heads * D * 2 + H * c.num_key_value_heads * D * 2  # q,o + k,v
+    H, D, nh = c.hidden_size, c.head_dim, c.num_attention_heads
+    if not c.is_mla:
+        return H * nh * D * 2 + H * c.num_key_value_heads * D * 2           # q,o + k,v
+    dq = c.qk_nope_head_dim + c.qk_rope_head_dim
+    q = H * nh * dq if c.q_lora_rank is None else \
+        H * c.q_lora_rank + c.q_lora_rank + c.q_lora_rank * nh * dq         # q_a, norm, q_b
+    kv = H * (c.kv_lora_rank + c.qk_rope_head_dim) + c.kv_lora_rank \
+        + c.kv_lora_rank * nh * (c.qk_nope_head_dim + c.v_head_dim)         # kv_a, norm, kv_b
+    return q + kv + nh * c.v_head_dim * H                                   # + o_proj
 
 
 def param_count(config: ModelConfig) -> int:
     """Total parameters of the shared architecture with this config (tied head counted once).
 
-    Per layer: attention ``2*H*nh*D + 2*H*nkv*D``, two RMSNorm weights ``2*H``, and either a
+    Per layer: attention ``2*H*nh*D + 2*H*nkv*D`` (MLA, ``config.is_mla``: ``q_proj`` or
+    ``q_a_proj``/``q_a_layernorm``/``q_b_proj``, ``kv_a_proj_with_mqa [H, r+dr]``,
+    ``kv_a_layernorm [r]``, ``kv_b_proj [r, nh*(dn+dv)]``, ``o_proj [nh*dv, H]``; the layout of
+    :class:`tokenflow.mla.MLAttention`), two RMSNorm weights ``2*H``, and either a
     dense FFN ``3*H*I`` or ``E`` experts ``E*3*H*I_moe`` + shared ``3*H*(n_shared*I_moe)`` +
     router ``E*H``. Plus embedding ``V*H``, final norm ``H`` and LM head ``V*H`` (if untied).
     """
@@ -74,14 +85,18 @@ def active_param_count(config: ModelConfig, include_embedding: bool = True) -> i
 
 
 def kv_cache_bytes_per_token(config: ModelConfig, bytes_per_element: float = 2) -> int:
-    """KV-cache bytes one token adds, all layers, K and V (GQA / MHA):
-    ``2 * num_hidden_layers * num_key_value_heads * head_dim * bytes_per_element``.
+    """KV-cache bytes one token adds, all layers: GQA / MHA (K and V)
+    ``2 * num_hidden_layers * num_key_value_heads * head_dim * bytes_per_element``; MLA
+    (``config.is_mla``) :func:`mla_kv_cache_bytes_per_token` (latent + RoPE key).
 
     Raises:
         ValueError: if ``bytes_per_element <= 0``.
     """
     _check_bytes(bytes_per_element)
     c = config
+    if c.is_mla:
+        return mla_kv_cache_bytes_per_token(c.num_hidden_layers, c.kv_lora_rank,
+                                            c.qk_rope_head_dim, bytes_per_element)
     return int(2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * bytes_per_element)
 
 
@@ -127,8 +142,9 @@ def reference_config(name: str) -> ModelConfig:
 
     Values the reference gives as annotated text (e.g. ``"2.5 (one secondary copy only -
     UNVERIFIED)"``) are read as their leading number or boolean; a missing
-    ``intermediate_size`` is taken as ``moe_intermediate_size``. Attention is modelled as GQA (see
-    :meth:`ModelConfig.from_hf_config`). Fine for shapes and counts, not for running.
+    ``intermediate_size`` is taken as ``moe_intermediate_size``. DeepSeek-V3 gets MLA and YaRN
+    RoPE from its config; DeepSeek-V4's attention is modelled as GQA. Fine for shapes and
+    counts, not for running.
 
     Raises:
         ValueError: if ``name`` is not bundled.
