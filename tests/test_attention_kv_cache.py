@@ -7,15 +7,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tokenflow import KVCache, Trace, decode_step, prefill
+from tokenflow import KVCache, TokenFlowModel, Trace, decode_step, prefill
 from tokenflow.attention import attention_mask_for, attention_steps, trace_attention_step
 from tokenflow.config import preset
+from tokenflow.kv_cache import CacheStep
 from tokenflow.costmodel import (kv_cache_bytes_per_token, mla_kv_cache_bytes_per_token,
                                  reference_config, reference_models)
 from tokenflow.kv_cache import format_bytes, kv_cache_size
 from tokenflow.plots import (attention_context_plot, attention_head_heatmap,
                              kv_cache_growth_plot, shape_flow)
 from tokenflow.widgets import attention_explorer, kv_cache_explorer, kv_cache_summary
+from conftest import random_model
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -405,3 +407,78 @@ def test_plots_and_widgets_build(traced_prompt):
     assert w.children[1].max == model.config.num_attention_heads - 1
     plt.close("all")
     assert math.isclose(float(trace.attention_weights[0][0, 0, -1].sum()), 1.0, abs_tol=1e-6)
+
+
+# ------------------------------------------------------------------ speed paths == plain paths
+# (moved from test_interop.py: they need no transformers)
+@pytest.mark.parametrize("start,S,pad", [(0, 12, False), (12, 1, False), (0, 12, True),
+                                         (12, 1, True), (5, 4, False)])
+def test_sdpa_fast_paths_equal_the_masked_call(start, S, pad):
+    """Masks that only encode causality carry ``sdpa_hint``; the hinted SDPA call (no mask
+    tensor / ``is_causal``) gives the masked call's values."""
+    from tokenflow.attention import attention_mask_for
+    model = random_model()
+    attn = model.layers[0].self_attn
+    B, L = 2, start + S
+    valid = torch.ones(B, L + 3, dtype=torch.bool)
+    if pad:
+        valid[1, :3] = False
+    mask = attention_mask_for(valid, start, S)
+    hint = getattr(mask, "sdpa_hint", None)
+    assert hint == (None if pad or (start and S > 1) else ("none" if S == 1 else "causal"))
+    torch.manual_seed(0)
+    x = torch.randn(B, S, model.config.hidden_size)
+    cos, sin = model.rotary(torch.arange(start, L).expand(B, S))
+    cache_a, cache_b = KVCache(model.config, B, L), KVCache(model.config, B, L)
+    past = torch.randn(B, model.config.num_key_value_heads, start, model.config.head_dim)
+    for c in (cache_a, cache_b):
+        c.k[0][:, :, :start] = past
+        c.v[0][:, :, :start] = -past
+    pos = torch.arange(start, L).expand(B, S)
+    with torch.no_grad():
+        fast = attn(x, cos, sin, CacheStep(start, pos, mask), cache_a)
+        plain = attn(x, cos, sin, CacheStep(start, pos, mask.clone()), cache_b)  # no hint
+    assert not hasattr(mask.clone(), "sdpa_hint")
+    torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-5)
+
+
+def test_rmsnorm_fast_path_is_bit_identical():
+    model = TokenFlowModel(preset("small-dense"))
+    norm = model.layers[0].input_layernorm
+    with torch.no_grad():
+        norm.weight.uniform_(0.8, 1.2)
+    x = torch.randn(3, 17, 512) * 4
+    slow = norm(x)                                                       # grad on: explicit form
+    with torch.no_grad():
+        fast = norm(x)                                                   # fused F.rms_norm
+    assert torch.equal(fast, slow.detach())
+
+
+def test_begin_step_without_mask_equals_a_mask_of_ones():
+    """The decode loop's shortcut (no attention_mask: all tokens real) claims the same slots,
+    positions and mask as an explicit mask of ones."""
+    cfg = preset("tiny")
+    a, b = KVCache(cfg, 3, 20), KVCache(cfg, 3, 20)
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]])
+    a.begin_step(mask, 3, 4), b.begin_step(mask, 3, 4)
+    for S in (1, 5, 1):
+        sa = a.begin_step(torch.ones(3, S), 3, S)
+        sb = b.begin_step(None, 3, S)
+        assert sa.start == sb.start and torch.equal(sa.positions, sb.positions)
+        assert torch.equal(sa.mask, sb.mask)
+        assert torch.equal(a.valid, b.valid) and torch.equal(a.num_real, b.num_real)
+        assert a.length == b.length
+    with pytest.raises(ValueError, match="max_len"):
+        b.begin_step(None, 3, 20)
+
+
+@pytest.mark.parametrize("start,S", [(0, 1), (0, 7), (6, 1)])
+def test_unpadded_masks_follow_the_rule(start, S):
+    """The no-padding shortcuts of attention_mask_for build the same mask as the rule
+    "a query sees keys at or before its own slot"."""
+    from tokenflow.attention import attention_mask_for
+    valid = torch.ones(2, start + S + 2, dtype=torch.bool)
+    L = start + S
+    want = torch.tensor([[k <= start + i for k in range(L)] for i in range(S)])
+    got = attention_mask_for(valid, start, S)
+    assert got.shape == (2, 1, S, L) and torch.equal(got, want.expand(2, 1, S, L))

@@ -11,13 +11,11 @@ import sys
 
 import pytest
 import torch
+import transformers
 
 from tokenflow import KVCache, ModelConfig, TokenFlowModel, decode_step, generate, preset, prefill
 from tokenflow import interop
-from tokenflow.kv_cache import CacheStep
 from tokenflow.moe import MoE
-
-import transformers
 
 ATOL = 1e-4
 PROMPTS = ["北京是中国的首", "东京是日本的", "Paris is the capital of", "伦敦在", "The"]
@@ -360,75 +358,3 @@ def test_package_imports_without_transformers(monkeypatch):
     assert sd["model.layers.1.mlp.experts.gate_up_proj"].shape == (8, 128, 64)
     with pytest.raises(ImportError):
         fresh.to_hf_config(preset("tiny"))
-
-
-# ------------------------------------------------------------------ speed paths == plain paths
-@pytest.mark.parametrize("start,S,pad", [(0, 12, False), (12, 1, False), (0, 12, True),
-                                         (12, 1, True), (5, 4, False)])
-def test_sdpa_fast_paths_equal_the_masked_call(start, S, pad):
-    """Masks that only encode causality carry ``sdpa_hint``; the hinted SDPA call (no mask
-    tensor / ``is_causal``) gives the masked call's values."""
-    from tokenflow.attention import attention_mask_for
-    model = _random_model(preset("tiny"))
-    attn = model.layers[0].self_attn
-    B, L = 2, start + S
-    valid = torch.ones(B, L + 3, dtype=torch.bool)
-    if pad:
-        valid[1, :3] = False
-    mask = attention_mask_for(valid, start, S)
-    hint = getattr(mask, "sdpa_hint", None)
-    assert hint == (None if pad or (start and S > 1) else ("none" if S == 1 else "causal"))
-    torch.manual_seed(0)
-    x = torch.randn(B, S, model.config.hidden_size)
-    cos, sin = model.rotary(torch.arange(start, L).expand(B, S))
-    cache_a, cache_b = KVCache(model.config, B, L), KVCache(model.config, B, L)
-    past = torch.randn(B, model.config.num_key_value_heads, start, model.config.head_dim)
-    for c in (cache_a, cache_b):
-        c.k[0][:, :, :start] = past
-        c.v[0][:, :, :start] = -past
-    pos = torch.arange(start, L).expand(B, S)
-    with torch.no_grad():
-        fast = attn(x, cos, sin, CacheStep(start, pos, mask), cache_a)
-        plain = attn(x, cos, sin, CacheStep(start, pos, mask.clone()), cache_b)  # no hint
-    assert not hasattr(mask.clone(), "sdpa_hint")
-    torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-5)
-
-
-def test_rmsnorm_fast_path_is_bit_identical():
-    model = _random_model(preset("small-dense"))
-    norm = model.layers[0].input_layernorm
-    x = torch.randn(3, 17, 512) * 4
-    slow = norm(x)                                                       # grad on: explicit form
-    with torch.no_grad():
-        fast = norm(x)                                                   # fused F.rms_norm
-    assert torch.equal(fast, slow.detach())
-
-
-def test_begin_step_without_mask_equals_a_mask_of_ones():
-    """The decode loop's shortcut (no attention_mask: all tokens real) claims the same slots,
-    positions and mask as an explicit mask of ones."""
-    cfg = preset("tiny")
-    a, b = KVCache(cfg, 3, 20), KVCache(cfg, 3, 20)
-    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]])
-    a.begin_step(mask, 3, 4), b.begin_step(mask, 3, 4)
-    for S in (1, 5, 1):
-        sa = a.begin_step(torch.ones(3, S), 3, S)
-        sb = b.begin_step(None, 3, S)
-        assert sa.start == sb.start and torch.equal(sa.positions, sb.positions)
-        assert torch.equal(sa.mask, sb.mask)
-        assert torch.equal(a.valid, b.valid) and torch.equal(a.num_real, b.num_real)
-        assert a.length == b.length
-    with pytest.raises(ValueError, match="max_len"):
-        b.begin_step(None, 3, 20)
-
-
-@pytest.mark.parametrize("start,S", [(0, 1), (0, 7), (6, 1)])
-def test_unpadded_masks_follow_the_rule(start, S):
-    """The no-padding shortcuts of attention_mask_for build the same mask as the rule
-    "a query sees keys at or before its own slot"."""
-    from tokenflow.attention import attention_mask_for
-    valid = torch.ones(2, start + S + 2, dtype=torch.bool)
-    L = start + S
-    want = torch.tensor([[k <= start + i for k in range(L)] for i in range(S)])
-    got = attention_mask_for(valid, start, S)
-    assert got.shape == (2, 1, S, L) and torch.equal(got, want.expand(2, 1, S, L))

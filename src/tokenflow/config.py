@@ -118,6 +118,7 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Check every field; raise ``ValueError``/``TypeError`` naming the first bad one."""
+        self._validate_mla()                   # first: head_dim is derived from qk_rope_head_dim
         ints_ge1 = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                     "num_key_value_heads", "head_dim", "intermediate_size",
                     "moe_intermediate_size", "max_position_embeddings", "n_group", "topk_group"]
@@ -159,7 +160,6 @@ class ModelConfig:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
         if self.rms_norm_eps <= 0:
             raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
-        self._validate_mla()
         self._validate_rope_scaling()
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             v = getattr(self, name)
