@@ -482,3 +482,63 @@ def test_unpadded_masks_follow_the_rule(start, S):
     want = torch.tensor([[k <= start + i for k in range(L)] for i in range(S)])
     got = attention_mask_for(valid, start, S)
     assert got.shape == (2, 1, S, L) and torch.equal(got, want.expand(2, 1, S, L))
+
+
+# ------------------------------------------------------------------ using a cache (R1 items 4, 5)
+def test_second_prefill_into_a_used_cache_raises(make_model):
+    model = make_model()
+    ids = torch.randint(3, model.config.vocab_size, (2, 5))
+    cache = KVCache(model.config, 2, 12)
+    with torch.no_grad():
+        first = prefill(model, ids, cache)
+        with pytest.raises(ValueError, match="empty kv_cache.*reset.*model\\(ids, kv_cache"):
+            prefill(model, ids, cache)
+        assert cache.length == 5                                  # untouched by the refusal
+        cache.reset()
+        assert cache.length == 0 and int(cache.num_real.sum()) == 0
+        again = prefill(model, ids, cache)                         # a new sequence
+        more = model(ids[:, :2], kv_cache=cache)                   # explicit continuation
+        assert cache.length == 7
+        want = model(torch.cat([ids, ids[:, :2]], 1))[:, -2:]
+    assert torch.equal(first, again)
+    torch.testing.assert_close(more, want, atol=1e-5, rtol=1e-4)
+
+
+def test_reset_after_padding_forgets_it(make_model):
+    model = make_model()
+    ids, mask, prompts = _ragged(model.config.vocab_size, [3, 6])
+    cache = KVCache(model.config, 2, 10)
+    with torch.no_grad():
+        prefill(model, ids, cache, attention_mask=mask)
+        cache.reset()
+        a = prefill(model, ids[:, :4], cache)
+        b = prefill(model, ids[:, :4], KVCache(model.config, 2, 10))
+    assert torch.equal(a, b) and not (~cache.valid[:, :4]).any()
+
+
+def test_cache_dtype_and_device_are_checked_once_naming_both(make_model):
+    model = make_model()
+    ids = torch.tensor([[3, 4, 5]])
+    with pytest.raises(ValueError, match="kv_cache dtype torch.bfloat16 .*torch.float32"):
+        prefill(model, ids, KVCache(model.config, 1, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="kv_cache device meta .*cpu"):
+        model(ids, kv_cache=KVCache(model.config, 1, 8, device="meta"))
+    with pytest.raises(ValueError, match="another model"):
+        model(ids, kv_cache=KVCache(preset("tiny", num_key_value_heads=4), 1, 8))
+    with pytest.raises(TypeError, match="kv_cache must be"):
+        model(ids, kv_cache="cache")
+    bf16 = make_model().to(torch.bfloat16)                          # matching dtypes work
+    with torch.no_grad():
+        out = prefill(bf16, ids, KVCache(bf16.config, 1, 8, dtype=torch.bfloat16))
+    assert out.dtype == torch.bfloat16
+
+
+def test_check_runs_once_per_forward(make_model, monkeypatch):
+    model = make_model()
+    cache = KVCache(model.config, 1, 8)
+    calls = []
+    orig = KVCache.check_model
+    monkeypatch.setattr(KVCache, "check_model", lambda self, *a: calls.append(1) or orig(self, *a))
+    with torch.no_grad():
+        prefill(model, torch.tensor([[3, 4, 5]]), cache)
+    assert len(calls) == 1 and model.config.num_hidden_layers > 1

@@ -358,3 +358,87 @@ def test_package_imports_without_transformers(monkeypatch):
     assert sd["model.layers.1.mlp.experts.gate_up_proj"].shape == (8, 128, 64)
     with pytest.raises(ImportError):
         fresh.to_hf_config(preset("tiny"))
+
+
+# ------------------------------------------------------------------ RoPE settings (R1 item 3)
+ROPE_KINDS = {
+    "default": None,
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+             "beta_fast": 32, "beta_slow": 1},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ROPE_KINDS))
+def test_rope_kinds_equal_hf(kind):
+    """Each RoPE kind, as HF's config spells it, parses back to ours, gives HF's cos/sin
+    tables, and a whole Llama model with it equals LlamaForCausalLM."""
+    cfg = preset("tiny-dense", rope_theta=5e5, rope_scaling=ROPE_KINDS[kind])
+    ours = _random_model(cfg)
+    hf = interop.to_hf_model(ours)
+    assert hf.config.rope_parameters["rope_type"] == kind
+    back = ModelConfig.from_hf_config(hf.config)
+    assert (back.rope_theta, back.rope_scaling) == (cfg.rope_theta, cfg.rope_scaling)
+    pos = torch.arange(cfg.max_position_embeddings)[None]
+    x = torch.zeros(1, 1, dtype=torch.float32)
+    hf_cos, hf_sin = hf.model.rotary_emb(x, pos)                        # [1, P, D]
+    cos, sin = ours.rotary(pos)                                         # [1, 1, P, D]
+    torch.testing.assert_close(cos[:, 0], hf_cos, atol=1e-6, rtol=0)
+    torch.testing.assert_close(sin[:, 0], hf_sin, atol=1e-6, rtol=0)
+    ids = torch.randint(3, 512, (2, 40))
+    with torch.no_grad():
+        assert (ours(ids) - hf(ids).logits).abs().max() <= ATOL
+    if kind != "default":                                               # the scaling matters
+        plain = TokenFlowModel(cfg.replace(rope_scaling=None))
+        assert not torch.allclose(plain.rotary.cos, ours.rotary.cos, atol=1e-3)
+
+
+def test_rope_theta_and_type_in_both_spellings():
+    base = interop.to_hf_config(preset("tiny-dense")).to_dict()
+    for k in ("rope_parameters", "rope_scaling", "rope_theta"):
+        base.pop(k, None)
+    new = dict(base, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    old = dict(base, rope_theta=500000.0)
+    assert ModelConfig.from_hf_config(new).rope_theta == 500000.0
+    assert ModelConfig.from_hf_config(old) == ModelConfig.from_hf_config(new)
+    assert ModelConfig.from_hf_config(base).rope_theta == 10000.0
+    yarn = {"factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 32,
+            "beta_slow": 1}
+    new = dict(base, rope_parameters={"rope_type": "yarn", "rope_theta": 5e4, **yarn})
+    old = dict(base, rope_theta=5e4, rope_scaling={"type": "yarn", **yarn})
+    a, b = ModelConfig.from_hf_config(new), ModelConfig.from_hf_config(old)
+    assert a == b and a.rope_theta == 5e4 and a.rope_scaling == {"rope_type": "yarn", **yarn}
+    for bad in ({"rope_type": "dynamic", "factor": 2.0}, {"type": "longrope"},
+                {"rope_type": "su"}):
+        with pytest.raises(ValueError, match="rope_type"):
+            ModelConfig.from_hf_config(dict(base, rope_scaling=bad))
+    with pytest.raises(ValueError, match="rope_scaling\\['factor'\\]"):
+        preset("tiny-dense", rope_scaling={"rope_type": "linear"})
+    with pytest.raises(ValueError, match="rope_scaling\\['factor'\\]"):
+        preset("tiny-dense", rope_scaling={"rope_type": "linear", "factor": 0.5})
+
+
+def test_one_hf_config_parser():
+    """interop's parser is ModelConfig's: the two cannot disagree."""
+    assert interop.from_hf_config == ModelConfig.from_hf_config
+    for cfg in (preset("tiny"), preset("small-moe"), preset("tiny-dense", rope_theta=5e5)):
+        hf = interop.to_hf_config(cfg)
+        assert interop.from_hf_config(hf) == ModelConfig.from_hf_config(hf.to_dict())
+
+
+# ------------------------------------------------------------------ a missing LM head (R1 item 7)
+def test_untied_state_dict_without_lm_head_raises():
+    cfg = preset("tiny-dense")
+    sd = interop.state_dict_to_hf(TokenFlowModel(cfg))
+    del sd["lm_head.weight"]
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        interop.state_dict_from_hf(sd, cfg)
+    # transformers agrees that the weight is missing
+    hf = transformers.LlamaForCausalLM(interop.to_hf_config(cfg))
+    missing, _ = hf.load_state_dict(sd, strict=False)
+    assert missing == ["lm_head.weight"]
+    tied = cfg.replace(tie_word_embeddings=True)
+    out = interop.state_dict_from_hf(sd, tied)                          # tied: fine
+    assert out["lm_head.weight"] is out["embed_tokens.weight"]

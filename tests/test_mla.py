@@ -245,3 +245,18 @@ def test_cache_of_another_kind_is_rejected():
                     qk_nope_head_dim=None, v_head_dim=None, head_dim=None)
     with pytest.raises(ValueError, match="kv_cache was built for another model"):
         model(torch.tensor([[3, 4]]), kv_cache=KVCache(gqa, 1, 8))
+
+
+def test_generate_and_gqa_only_helpers():
+    from tokenflow import generate
+    from tokenflow.attention import trace_attention_step
+    model = random_mla(ds_config())
+    ids = torch.randint(3, 256, (2, 5))
+    out = generate(model, ids, max_new_tokens=6, stop_at_eos=False)
+    with torch.no_grad():
+        want = ids
+        for _ in range(6):                                         # recompute, no cache
+            want = torch.cat([want, model(want)[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, want)
+    with pytest.raises(ValueError, match="MLA"):
+        trace_attention_step(model, ids[:, :1], KVCache(model.config, 2, 8), 0)

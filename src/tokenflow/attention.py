@@ -212,14 +212,17 @@ def trace_attention_step(model, input_ids: torch.Tensor, kv_cache, layer_idx: in
         attention, before the block's FFN/MoE), and ``start`` (0-d tensor: past slots read).
 
     Raises:
-        ValueError: if ``layer_idx`` is out of range or ``kv_cache`` is None; and as the
-            model's forward.
+        ValueError: if ``layer_idx`` is out of range, ``kv_cache`` is None or the model's
+            attention is MLA; and as the model's forward.
     """
     n = len(model.layers)
     if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or not 0 <= layer_idx < n:
         raise ValueError(f"layer_idx must be an int in [0, {n}), got {layer_idx!r}")
     if kv_cache is None:
         raise ValueError("kv_cache must be a KVCache (the step reads and writes it), got None")
+    if model.config.is_mla:
+        raise ValueError("trace_attention_step follows grouped-query attention; this model's "
+                         "attention is MLA (use Trace(keep_tensors=True) for its weights)")
     block = model.layers[layer_idx]
     steps: dict[str, torch.Tensor] = {}
 
