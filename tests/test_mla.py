@@ -260,3 +260,32 @@ def test_generate_and_gqa_only_helpers():
     assert torch.equal(out, want)
     with pytest.raises(ValueError, match="MLA"):
         trace_attention_step(model, ids[:, :1], KVCache(model.config, 2, 8), 0)
+
+
+@pytest.mark.parametrize("L", [1, 9, 30])
+def test_decode_costs_formula_equals_counted_flops(L):
+    """The cost formula of both forms against PyTorch's FLOP counter on the real module."""
+    from torch.utils.flop_counter import FlopCounterMode
+    model = random_mla(ds_config())
+    attn = model.layers[0].self_attn
+    torch.manual_seed(0)
+    q_nope, q_rope = torch.randn(1, 4, 1, 12), torch.randn(1, 4, 1, 8)
+    latent, k_rope = torch.randn(1, 1, L, 16), torch.randn(1, 1, L, 8)
+    mask = torch.ones(1, 1, 1, L, dtype=torch.bool)
+    counted = {}
+    with torch.no_grad():
+        for form in ("naive", "absorbed"):
+            with FlopCounterMode(display=False) as fc:
+                if form == "naive":
+                    out, _ = attn.attend_naive(q_nope, q_rope, latent, k_rope, mask, True)
+                else:
+                    out, _ = attn.attend_absorbed(q_nope, q_rope, latent, k_rope, mask)
+            counted[form] = fc.get_total_flops()
+    costs = costmodel.mla_decode_attention_costs(model.config, L, 4)
+    assert {k: v["flops"] for k, v in costs.items()} == counted
+    w = attn.kv_b_proj.weight.nbytes
+    assert costs["absorbed"]["bytes_read"] == latent.nbytes + k_rope.nbytes + w
+    expanded = L * 4 * (12 + 8 + 10) * 4                          # K [4, L, 20], V [4, L, 10]
+    assert costs["naive"]["bytes_read"] == latent.nbytes + k_rope.nbytes + w + expanded
+    with pytest.raises(ValueError, match="MLA"):
+        costmodel.mla_decode_attention_costs(ModelConfig(), 4)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from .config import ModelConfig
 
 __all__ = ["param_count", "active_param_count", "kv_cache_bytes_per_token",
-           "mla_kv_cache_bytes_per_token", "lm_head_flops", "BYTES",
+           "mla_kv_cache_bytes_per_token", "mla_decode_attention_costs", "lm_head_flops", "BYTES",
            "reference_models", "reference_config"]
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -114,6 +114,44 @@ def mla_kv_cache_bytes_per_token(num_hidden_layers: int, kv_lora_rank: int,
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
     return int(num_hidden_layers * (kv_lora_rank + qk_rope_head_dim) * bytes_per_element)
+
+
+def mla_decode_attention_costs(config: ModelConfig, context_len: int,
+                               bytes_per_element: float = 2) -> dict:
+    """FLOPs and bytes read by one MLA layer's attention core for one decode token (batch 1),
+    in the naive and the absorbed form (:class:`tokenflow.mla.MLAttention`).
+
+    Counted: the work that depends on the form, from the cached entries to the per-head
+    outputs ``[nh, dv]`` (the ``q``/``kv_a``/``o`` projections are the same in both forms and
+    left out). ``L = context_len`` cached tokens; ``nh, r, dn, dr, dv`` as in
+    :mod:`tokenflow.mla`; a multiply-add is 2 FLOPs.
+
+    * naive: expand every cached latent with ``kv_b_proj`` (``2 L r nh (dn+dv)``), scores
+      ``2 nh L (dn+dr)``, weighted sum of V ``2 nh L dv``. Reads the cache ``L (r+dr)``, the
+      ``kv_b_proj`` weight ``r nh (dn+dv)`` and the expanded K and V ``L nh (dn+dr+dv)``.
+    * absorbed: fold ``W_UK`` into the query ``2 nh dn r``, scores ``2 nh L (r+dr)``, weighted
+      sum of latents ``2 nh L r``, ``W_UV`` on the result ``2 nh r dv``. Reads the cache and the
+      same weight, nothing expanded.
+
+    Returns:
+        ``{"naive": {"flops", "bytes_read"}, "absorbed": {"flops", "bytes_read"}}`` (ints).
+
+    Raises:
+        ValueError: a config without MLA, ``context_len < 1`` or ``bytes_per_element <= 0``.
+    """
+    if not config.is_mla:
+        raise ValueError("config must be an MLA config (kv_lora_rank set)")
+    _check_count("context_len", context_len, 1)
+    _check_bytes(bytes_per_element)
+    c, L = config, context_len
+    nh, r, dn, dr, dv = (c.num_attention_heads, c.kv_lora_rank, c.qk_nope_head_dim,
+                         c.qk_rope_head_dim, c.v_head_dim)
+    shared = L * (r + dr) + r * nh * (dn + dv)                  # cache + kv_b_proj weight
+    naive = dict(flops=2 * L * r * nh * (dn + dv) + 2 * nh * L * (dn + dr) + 2 * nh * L * dv,
+                 bytes_read=int((shared + L * nh * (dn + dr + dv)) * bytes_per_element))
+    absorbed = dict(flops=2 * nh * dn * r + 2 * nh * L * (r + dr) + 2 * nh * L * r
+                    + 2 * nh * r * dv, bytes_read=int(shared * bytes_per_element))
+    return {"naive": naive, "absorbed": absorbed}
 
 
 def lm_head_flops(config: ModelConfig, tokens: int = 1) -> int:
