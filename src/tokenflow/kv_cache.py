@@ -282,6 +282,17 @@ class KVCache(CacheStorage):
             buf[:, :, start:end] = x
         return tuple(buf[:, :, :end] for buf in bufs)
 
+    # Compatibility for main's serving/runner.py (written before this interface): port it to
+    # begin_step / update / read, then delete these two.
+    def reserve(self, attention_mask: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """Old name: ``begin_step(attention_mask, B, S)`` as ``(start, positions [B,S])``."""
+        step = self.begin_step(attention_mask, *attention_mask.shape)
+        return step.start, step.positions
+
+    def write(self, layer_idx: int, start: int, *new: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Old name: :meth:`update` at slot ``start`` (mask unused)."""
+        return self.update(layer_idx, CacheStep(start, None, None), *new)
+
     def read(self, layer_idx: int, stop: int) -> tuple[torch.Tensor, ...]:
         """See :meth:`CacheStorage.read`."""
         return tuple(buf[:, :, :stop] for buf in self.layers[layer_idx])
