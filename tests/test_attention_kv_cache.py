@@ -7,15 +7,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tokenflow import KVCache, Trace, decode_step, prefill
+from tokenflow import KVCache, TokenFlowModel, Trace, decode_step, prefill
 from tokenflow.attention import attention_mask_for, attention_steps, trace_attention_step
 from tokenflow.config import preset
+from tokenflow.kv_cache import CacheStep
 from tokenflow.costmodel import (kv_cache_bytes_per_token, mla_kv_cache_bytes_per_token,
                                  reference_config, reference_models)
 from tokenflow.kv_cache import format_bytes, kv_cache_size
 from tokenflow.plots import (attention_context_plot, attention_head_heatmap,
                              kv_cache_growth_plot, shape_flow)
 from tokenflow.widgets import attention_explorer, kv_cache_explorer, kv_cache_summary
+from conftest import random_model
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -54,25 +56,26 @@ def _layer_inputs(model, B, S, past, seed=0):
     attn = model.layers[0].self_attn
     if past:
         x0 = torch.randn(B, past, cfg.hidden_size)
-        start, pos = cache.reserve(torch.ones(B, past, dtype=torch.long))
-        cos, sin = model.rotary(pos)
-        attn(x0, cos, sin, attention_mask_for(cache.valid, start, past), cache, start)
+        step = cache.begin_step(torch.ones(B, past, dtype=torch.long), B, past)
+        cos, sin = model.rotary(step.positions)
+        attn(x0, cos, sin, step, cache)
     x = torch.randn(B, S, cfg.hidden_size)
-    start, pos = cache.reserve(torch.ones(B, S, dtype=torch.long))
-    cos, sin = model.rotary(pos)
-    return attn, x, cos, sin, attention_mask_for(cache.valid, start, S), cache, start
+    step = cache.begin_step(torch.ones(B, S, dtype=torch.long), B, S)
+    cos, sin = model.rotary(step.positions)
+    return attn, x, cos, sin, step, cache
 
 
 @pytest.mark.parametrize("overrides", ATTN_CONFIGS)
 @pytest.mark.parametrize("B,S,past", [(1, 1, 5), (2, 3, 4), (3, 6, 0)])
 def test_attention_steps_equal_the_module(make_model, overrides, B, S, past):
     model = make_model(**overrides)
-    attn, x, cos, sin, mask, cache, start = _layer_inputs(model, B, S, past)
+    attn, x, cos, sin, step, cache = _layer_inputs(model, B, S, past)
+    mask, start = step.mask, step.start
     before = cache.k[0].clone()
     with torch.no_grad():
         steps = attention_steps(attn, x, cos, sin, mask, cache, start)
         assert torch.equal(cache.k[0], before)                  # steps do not write the cache
-        want = attn(x, cos, sin, mask, cache, start)            # the module does
+        want = attn(x, cos, sin, step, cache)                   # the module does
     torch.testing.assert_close(steps["out"], want, atol=1e-6, rtol=1e-5)
     nh, nkv, D = attn.n_heads, attn.n_kv, attn.head_dim
     L = start + S
@@ -94,7 +97,8 @@ def test_attention_steps_equal_the_module(make_model, overrides, B, S, past):
 
 def test_attention_steps_bad_input(make_model):
     model = make_model()
-    attn, x, cos, sin, mask, cache, start = _layer_inputs(model, 1, 1, 3)
+    attn, x, cos, sin, step, cache = _layer_inputs(model, 1, 1, 3)
+    mask, start = step.mask, step.start
     with pytest.raises(ValueError, match="x must have shape"):
         attention_steps(attn, x[..., :5], cos, sin, mask, cache, start)
     with pytest.raises(ValueError, match="mask must have shape"):
@@ -413,3 +417,150 @@ def test_plots_and_widgets_build(traced_prompt):
     assert w.children[1].max == model.config.num_attention_heads - 1
     plt.close("all")
     assert math.isclose(float(trace.attention_weights[0][0, 0, -1].sum()), 1.0, abs_tol=1e-6)
+
+
+# ------------------------------------------------------------------ speed paths == plain paths
+# (moved from test_interop.py: they need no transformers)
+@pytest.mark.parametrize("start,S,pad", [(0, 12, False), (12, 1, False), (0, 12, True),
+                                         (12, 1, True), (5, 4, False)])
+def test_sdpa_fast_paths_equal_the_masked_call(start, S, pad):
+    """Masks that only encode causality carry ``sdpa_hint``; the hinted SDPA call (no mask
+    tensor / ``is_causal``) gives the masked call's values."""
+    from tokenflow.attention import attention_mask_for
+    model = random_model()
+    attn = model.layers[0].self_attn
+    B, L = 2, start + S
+    valid = torch.ones(B, L + 3, dtype=torch.bool)
+    if pad:
+        valid[1, :3] = False
+    mask = attention_mask_for(valid, start, S)
+    hint = getattr(mask, "sdpa_hint", None)
+    assert hint == (None if pad or (start and S > 1) else ("none" if S == 1 else "causal"))
+    torch.manual_seed(0)
+    x = torch.randn(B, S, model.config.hidden_size)
+    cos, sin = model.rotary(torch.arange(start, L).expand(B, S))
+    cache_a, cache_b = KVCache(model.config, B, L), KVCache(model.config, B, L)
+    past = torch.randn(B, model.config.num_key_value_heads, start, model.config.head_dim)
+    for c in (cache_a, cache_b):
+        c.k[0][:, :, :start] = past
+        c.v[0][:, :, :start] = -past
+    pos = torch.arange(start, L).expand(B, S)
+    with torch.no_grad():
+        fast = attn(x, cos, sin, CacheStep(start, pos, mask), cache_a)
+        plain = attn(x, cos, sin, CacheStep(start, pos, mask.clone()), cache_b)  # no hint
+    assert not hasattr(mask.clone(), "sdpa_hint")
+    torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-5)
+
+
+def test_rmsnorm_fast_path_is_bit_identical():
+    model = TokenFlowModel(preset("small-dense"))
+    norm = model.layers[0].input_layernorm
+    with torch.no_grad():
+        norm.weight.uniform_(0.8, 1.2)
+    x = torch.randn(3, 17, 512) * 4
+    slow = norm(x)                                                       # grad on: explicit form
+    with torch.no_grad():
+        fast = norm(x)                                                   # fused F.rms_norm
+    assert torch.equal(fast, slow.detach())
+
+
+def test_begin_step_without_mask_equals_a_mask_of_ones():
+    """The decode loop's shortcut (no attention_mask: all tokens real) claims the same slots,
+    positions and mask as an explicit mask of ones."""
+    cfg = preset("tiny")
+    a, b = KVCache(cfg, 3, 20), KVCache(cfg, 3, 20)
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]])
+    a.begin_step(mask, 3, 4), b.begin_step(mask, 3, 4)
+    for S in (1, 5, 1):
+        sa = a.begin_step(torch.ones(3, S), 3, S)
+        sb = b.begin_step(None, 3, S)
+        assert sa.start == sb.start and torch.equal(sa.positions, sb.positions)
+        assert torch.equal(sa.mask, sb.mask)
+        assert torch.equal(a.valid, b.valid) and torch.equal(a.num_real, b.num_real)
+        assert a.length == b.length
+    with pytest.raises(ValueError, match="max_len"):
+        b.begin_step(None, 3, 20)
+
+
+@pytest.mark.parametrize("start,S", [(0, 1), (0, 7), (6, 1)])
+def test_unpadded_masks_follow_the_rule(start, S):
+    """The no-padding shortcuts of attention_mask_for build the same mask as the rule
+    "a query sees keys at or before its own slot"."""
+    from tokenflow.attention import attention_mask_for
+    valid = torch.ones(2, start + S + 2, dtype=torch.bool)
+    L = start + S
+    want = torch.tensor([[k <= start + i for k in range(L)] for i in range(S)])
+    got = attention_mask_for(valid, start, S)
+    assert got.shape == (2, 1, S, L) and torch.equal(got, want.expand(2, 1, S, L))
+
+
+# ------------------------------------------------------------------ using a cache (R1 items 4, 5)
+def test_second_prefill_into_a_used_cache_raises(make_model):
+    model = make_model()
+    ids = torch.randint(3, model.config.vocab_size, (2, 5))
+    cache = KVCache(model.config, 2, 12)
+    with torch.no_grad():
+        first = prefill(model, ids, cache)
+        with pytest.raises(ValueError, match="empty kv_cache.*reset.*model\\(ids, kv_cache"):
+            prefill(model, ids, cache)
+        assert cache.length == 5                                  # untouched by the refusal
+        cache.reset()
+        assert cache.length == 0 and int(cache.num_real.sum()) == 0
+        again = prefill(model, ids, cache)                         # a new sequence
+        more = model(ids[:, :2], kv_cache=cache)                   # explicit continuation
+        assert cache.length == 7
+        want = model(torch.cat([ids, ids[:, :2]], 1))[:, -2:]
+    assert torch.equal(first, again)
+    torch.testing.assert_close(more, want, atol=1e-5, rtol=1e-4)
+
+
+def test_reset_after_padding_forgets_it(make_model):
+    model = make_model()
+    ids, mask, prompts = _ragged(model.config.vocab_size, [3, 6])
+    cache = KVCache(model.config, 2, 10)
+    with torch.no_grad():
+        prefill(model, ids, cache, attention_mask=mask)
+        cache.reset()
+        a = prefill(model, ids[:, :4], cache)
+        b = prefill(model, ids[:, :4], KVCache(model.config, 2, 10))
+    assert torch.equal(a, b) and not (~cache.valid[:, :4]).any()
+
+
+def test_cache_dtype_and_device_are_checked_once_naming_both(make_model):
+    model = make_model()
+    ids = torch.tensor([[3, 4, 5]])
+    with pytest.raises(ValueError, match="kv_cache dtype torch.bfloat16 .*torch.float32"):
+        prefill(model, ids, KVCache(model.config, 1, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="kv_cache device meta .*cpu"):
+        model(ids, kv_cache=KVCache(model.config, 1, 8, device="meta"))
+    with pytest.raises(ValueError, match="another model"):
+        model(ids, kv_cache=KVCache(preset("tiny", num_key_value_heads=4), 1, 8))
+    with pytest.raises(TypeError, match="kv_cache must be"):
+        model(ids, kv_cache="cache")
+    bf16 = make_model().to(torch.bfloat16)                          # matching dtypes work
+    with torch.no_grad():
+        out = prefill(bf16, ids, KVCache(bf16.config, 1, 8, dtype=torch.bfloat16))
+    assert out.dtype == torch.bfloat16
+
+
+def test_check_runs_once_per_forward(make_model, monkeypatch):
+    model = make_model()
+    cache = KVCache(model.config, 1, 8)
+    calls = []
+    orig = KVCache.check_model
+    monkeypatch.setattr(KVCache, "check_model", lambda self, *a: calls.append(1) or orig(self, *a))
+    with torch.no_grad():
+        prefill(model, torch.tensor([[3, 4, 5]]), cache)
+    assert len(calls) == 1 and model.config.num_hidden_layers > 1
+
+
+def test_old_reserve_and_write_names_equal_the_interface():
+    cfg = preset("tiny")
+    a, b = KVCache(cfg, 2, 9), KVCache(cfg, 2, 9)
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    start, pos = a.reserve(mask)
+    step = b.begin_step(mask, 2, 3)
+    assert start == step.start and torch.equal(pos, step.positions)
+    k, v = torch.randn(2, 2, 3, 16), torch.randn(2, 2, 3, 16)
+    for x, y in zip(a.write(1, start, k, v), b.update(1, step, k, v)):
+        assert torch.equal(x, y)

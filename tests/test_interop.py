@@ -11,12 +11,11 @@ import sys
 
 import pytest
 import torch
+import transformers
 
 from tokenflow import KVCache, ModelConfig, TokenFlowModel, decode_step, generate, preset, prefill
 from tokenflow import interop
 from tokenflow.moe import MoE
-
-transformers = pytest.importorskip("transformers")
 
 ATOL = 1e-4
 PROMPTS = ["北京是中国的首", "东京是日本的", "Paris is the capital of", "伦敦在", "The"]
@@ -295,8 +294,11 @@ def test_architecture_choice_and_errors():
         interop.to_hf_config(preset("tiny"), "gpt2")
     with pytest.raises(ValueError, match="dense"):
         interop.to_hf_config(preset("tiny-dense"), "mixtral")
-    with pytest.raises(ValueError, match="whole model"):
+    with pytest.raises(ValueError, match="deepseek_v3: DeepSeek-V3 routes with sigmoid"):
         interop.state_dict_to_hf(TokenFlowModel(preset("tiny")), architecture="deepseek_v3")
+    with pytest.raises(ValueError, match="needs MLA attention"):
+        interop.state_dict_to_hf(TokenFlowModel(preset("tiny", scoring_func="sigmoid")),
+                                 architecture="deepseek_v3")
     moe = MoE(_moe_cfg(scoring_func="sigmoid"))
     hf_cfg = interop.to_hf_config(_moe_cfg(num_shared_experts=0), "mixtral")
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
@@ -311,8 +313,8 @@ def test_from_hf_config_reads_rope_parameters_and_rejects_others():
     assert hf.rope_parameters["rope_theta"] == 5e5
     assert interop.from_hf_config(hf).rope_theta == 5e5
     d = hf.to_dict()
-    d["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}
-    with pytest.raises(ValueError, match="rope_type"):
+    d["rope_parameters"] = {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}
+    with pytest.raises(ValueError, match="rope_type 'dynamic'"):
         interop.from_hf_config(d)
     q = interop.to_hf_config(preset("tiny")).to_dict()
     q["shared_expert_intermediate_size"] = 100
@@ -358,69 +360,85 @@ def test_package_imports_without_transformers(monkeypatch):
         fresh.to_hf_config(preset("tiny"))
 
 
-# ------------------------------------------------------------------ speed paths == plain paths
-@pytest.mark.parametrize("start,S,pad", [(0, 12, False), (12, 1, False), (0, 12, True),
-                                         (12, 1, True), (5, 4, False)])
-def test_sdpa_fast_paths_equal_the_masked_call(start, S, pad):
-    """Masks that only encode causality carry ``sdpa_hint``; the hinted SDPA call (no mask
-    tensor / ``is_causal``) gives the masked call's values."""
-    from tokenflow.attention import attention_mask_for
-    model = _random_model(preset("tiny"))
-    attn = model.layers[0].self_attn
-    B, L = 2, start + S
-    valid = torch.ones(B, L + 3, dtype=torch.bool)
-    if pad:
-        valid[1, :3] = False
-    mask = attention_mask_for(valid, start, S)
-    hint = getattr(mask, "sdpa_hint", None)
-    assert hint == (None if pad or (start and S > 1) else ("none" if S == 1 else "causal"))
-    torch.manual_seed(0)
-    x = torch.randn(B, S, model.config.hidden_size)
-    cos, sin = model.rotary(torch.arange(start, L).expand(B, S))
-    cache_a, cache_b = KVCache(model.config, B, L), KVCache(model.config, B, L)
-    past = torch.randn(B, model.config.num_key_value_heads, start, model.config.head_dim)
-    for c in (cache_a, cache_b):
-        c.k[0][:, :, :start] = past
-        c.v[0][:, :, :start] = -past
+# ------------------------------------------------------------------ RoPE settings (R1 item 3)
+ROPE_KINDS = {
+    "default": None,
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+             "beta_fast": 32, "beta_slow": 1},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ROPE_KINDS))
+def test_rope_kinds_equal_hf(kind):
+    """Each RoPE kind, as HF's config spells it, parses back to ours, gives HF's cos/sin
+    tables, and a whole Llama model with it equals LlamaForCausalLM."""
+    cfg = preset("tiny-dense", rope_theta=5e5, rope_scaling=ROPE_KINDS[kind])
+    ours = _random_model(cfg)
+    hf = interop.to_hf_model(ours)
+    assert hf.config.rope_parameters["rope_type"] == kind
+    back = ModelConfig.from_hf_config(hf.config)
+    assert (back.rope_theta, back.rope_scaling) == (cfg.rope_theta, cfg.rope_scaling)
+    pos = torch.arange(cfg.max_position_embeddings)[None]
+    x = torch.zeros(1, 1, dtype=torch.float32)
+    hf_cos, hf_sin = hf.model.rotary_emb(x, pos)                        # [1, P, D]
+    cos, sin = ours.rotary(pos)                                         # [1, 1, P, D]
+    torch.testing.assert_close(cos[:, 0], hf_cos, atol=1e-6, rtol=0)
+    torch.testing.assert_close(sin[:, 0], hf_sin, atol=1e-6, rtol=0)
+    ids = torch.randint(3, 512, (2, 40))
     with torch.no_grad():
-        fast = attn(x, cos, sin, mask, cache_a, start)
-        plain = attn(x, cos, sin, mask.clone(), cache_b, start)         # clone: no hint
-    assert not hasattr(mask.clone(), "sdpa_hint")
-    torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-5)
+        assert (ours(ids) - hf(ids).logits).abs().max() <= ATOL
+    if kind != "default":                                               # the scaling matters
+        plain = TokenFlowModel(cfg.replace(rope_scaling=None))
+        assert not torch.allclose(plain.rotary.cos, ours.rotary.cos, atol=1e-3)
 
 
-def test_rmsnorm_fast_path_is_bit_identical():
-    model = _random_model(preset("small-dense"))
-    norm = model.layers[0].input_layernorm
-    x = torch.randn(3, 17, 512) * 4
-    slow = norm(x)                                                       # grad on: explicit form
-    with torch.no_grad():
-        fast = norm(x)                                                   # fused F.rms_norm
-    assert torch.equal(fast, slow.detach())
+def test_rope_theta_and_type_in_both_spellings():
+    base = interop.to_hf_config(preset("tiny-dense")).to_dict()
+    for k in ("rope_parameters", "rope_scaling", "rope_theta"):
+        base.pop(k, None)
+    new = dict(base, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    old = dict(base, rope_theta=500000.0)
+    assert ModelConfig.from_hf_config(new).rope_theta == 500000.0
+    assert ModelConfig.from_hf_config(old) == ModelConfig.from_hf_config(new)
+    assert ModelConfig.from_hf_config(base).rope_theta == 10000.0
+    yarn = {"factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 32,
+            "beta_slow": 1}
+    new = dict(base, rope_parameters={"rope_type": "yarn", "rope_theta": 5e4, **yarn})
+    old = dict(base, rope_theta=5e4, rope_scaling={"type": "yarn", **yarn})
+    a, b = ModelConfig.from_hf_config(new), ModelConfig.from_hf_config(old)
+    assert a == b and a.rope_theta == 5e4 and a.rope_scaling == {"rope_type": "yarn", **yarn}
+    for bad in ({"rope_type": "dynamic", "factor": 2.0}, {"type": "longrope"},
+                {"rope_type": "su"}):
+        with pytest.raises(ValueError, match="rope_type"):
+            ModelConfig.from_hf_config(dict(base, rope_scaling=bad))
+    with pytest.raises(ValueError, match="rope_scaling\\['factor'\\]"):
+        preset("tiny-dense", rope_scaling={"rope_type": "linear"})
+    with pytest.raises(ValueError, match="rope_scaling\\['factor'\\]"):
+        preset("tiny-dense", rope_scaling={"rope_type": "linear", "factor": 0.5})
 
 
-def test_reserve_all_real_equals_reserve_of_ones():
-    cfg = preset("tiny")
-    a, b = KVCache(cfg, 3, 20), KVCache(cfg, 3, 20)
-    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]])
-    a.reserve(mask), b.reserve(mask)
-    for S in (1, 5, 1):
-        sa, pa = a.reserve(torch.ones(3, S))
-        sb, pb = b._reserve_all_real(3, S)
-        assert sa == sb and torch.equal(pa, pb)
-        assert torch.equal(a.valid, b.valid) and torch.equal(a.num_real, b.num_real)
-        assert a.length == b.length
-    with pytest.raises(ValueError, match="max_len"):
-        b._reserve_all_real(3, 20)
+def test_one_hf_config_parser():
+    """interop's parser is ModelConfig's: the two cannot disagree."""
+    assert interop.from_hf_config == ModelConfig.from_hf_config
+    for cfg in (preset("tiny"), preset("small-moe"), preset("tiny-dense", rope_theta=5e5)):
+        hf = interop.to_hf_config(cfg)
+        assert interop.from_hf_config(hf) == ModelConfig.from_hf_config(hf.to_dict())
 
 
-@pytest.mark.parametrize("start,S", [(0, 1), (0, 7), (6, 1)])
-def test_unpadded_masks_follow_the_rule(start, S):
-    """The no-padding shortcuts of attention_mask_for build the same mask as the rule
-    "a query sees keys at or before its own slot"."""
-    from tokenflow.attention import attention_mask_for
-    valid = torch.ones(2, start + S + 2, dtype=torch.bool)
-    L = start + S
-    want = torch.tensor([[k <= start + i for k in range(L)] for i in range(S)])
-    got = attention_mask_for(valid, start, S)
-    assert got.shape == (2, 1, S, L) and torch.equal(got, want.expand(2, 1, S, L))
+# ------------------------------------------------------------------ a missing LM head (R1 item 7)
+def test_untied_state_dict_without_lm_head_raises():
+    cfg = preset("tiny-dense")
+    sd = interop.state_dict_to_hf(TokenFlowModel(cfg))
+    del sd["lm_head.weight"]
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        interop.state_dict_from_hf(sd, cfg)
+    # transformers agrees that the weight is missing
+    hf = transformers.LlamaForCausalLM(interop.to_hf_config(cfg))
+    missing, _ = hf.load_state_dict(sd, strict=False)
+    assert missing == ["lm_head.weight"]
+    tied = cfg.replace(tie_word_embeddings=True)
+    out = interop.state_dict_from_hf(sd, tied)                          # tied: fine
+    assert out["lm_head.weight"] is out["embed_tokens.weight"]

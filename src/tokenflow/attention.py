@@ -5,7 +5,10 @@ rotary position embedding (Su et al., RoFormer, arXiv:2104.09864, in the "rotate
 layout of HF), ``num_key_value_heads`` shared K/V heads (Ainslie et al., GQA,
 arXiv:2305.13245), scaled dot-product attention with a causal mask, and an output
 projection. Shapes: ``x [B,S,H] -> [B,S,H]``; q ``[B,n_heads,S,D]``; K/V cache
-``[B,n_kv,L,D]`` where ``L`` is the number of filled cache slots after this step.
+``[B,n_kv,L,D]`` where ``L`` is the number of filled cache slots after this step. The cache is
+reached through its interface (:mod:`tokenflow.kv_cache`): one ``update`` call per layer.
+RoPE lives in :mod:`tokenflow.rope` and the mask in :func:`~tokenflow.kv_cache.attention_mask_for`
+(both re-exported here).
 """
 from __future__ import annotations
 
@@ -17,94 +20,27 @@ from torch import nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
+from .kv_cache import CacheStep, attention_mask_for
+from .rope import RotaryEmbedding, apply_rope
 
 __all__ = ["RotaryEmbedding", "apply_rope", "Attention", "attention_mask_for",
            "attention_steps", "trace_attention_step"]
 
 
-class RotaryEmbedding(nn.Module):
-    """Precomputed RoPE ``cos``/``sin`` tables ``[max_position_embeddings, D]``.
-
-    ``inv_freq[i] = rope_theta ** (-2i / D)``; position ``p`` rotates pair ``i`` by
-    ``p * inv_freq[i]`` (RoFormer eq. 34, HF layout: the two halves of the head are paired).
-    """
-
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        D = config.head_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
-        pos = torch.arange(config.max_position_embeddings, dtype=torch.float32)
-        freqs = torch.outer(pos, inv_freq)                    # [P, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)               # [P, D]
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
-
-    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``position_ids [B,S]`` -> ``cos, sin [B,1,S,D]`` (broadcast over heads)."""
-        idx = position_ids[:, None]                                      # [B, 1, S]
-        return self.cos[idx], self.sin[idx]
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [B,heads,S,D]`` by its positions' angles (``cos, sin [B,1,S,D]``)."""
-    return x * cos + _rotate_half(x) * sin
-
-
-def attention_mask_for(valid: torch.Tensor, start: int, S: int) -> torch.Tensor:
-    """Boolean mask ``[B,1,S,L]`` (True = may attend) for ``S`` queries at cache slots
-    ``[start, start+S)`` over keys at slots ``[0, L)``, ``L = start + S``.
-
-    A query sees a key when the key's slot is not after its own (causal, correct also when
-    the query is shorter than the keys: decode and chunked prefill) and the key is a real
-    token (``valid [B,L]``, False for left padding). Every query also sees itself, so a
-    padding query never has an empty row (which would make NaNs that leak through V).
-
-    Speed note: when nothing but causality masks a key (no padding, and ``S == 1`` or
-    ``start == 0``), the returned tensor carries the attribute ``sdpa_hint`` (``"none"``: no
-    key is masked; ``"causal"``: the plain lower-triangular mask), which lets
-    :class:`Attention` call SDPA without a mask tensor (``is_causal=True``), a faster kernel
-    with the same result. The mask values are the same either way.
-    """
-    L = start + S
-    if S == 1:                               # decode: every filled slot is "not after" the query
-        v = valid[:, :L]                                               # [B, L]
-        if bool(v.all()):                                              # no padding: all True
-            mask = torch.ones(valid.shape[0], 1, 1, L, dtype=torch.bool, device=valid.device)
-            mask.sdpa_hint = "none"
-            return mask
-        mask = v.clone()
-        mask[:, start] = True                                          # sees itself
-        return mask[:, None, None, :]                                  # [B, 1, 1, L]
-    if start == 0 and bool(valid[:, :L].all()):                       # no padding: plain causal
-        mask = torch.ones(valid.shape[0], 1, S, L, dtype=torch.bool, device=valid.device)
-        mask = mask.tril_()                                            # [B, 1, S, L]
-        mask.sdpa_hint = "causal"
-        return mask
-    q_slot = torch.arange(start, L, device=valid.device)[:, None]     # [S, 1]
-    k_slot = torch.arange(L, device=valid.device)[None, :]            # [1, L]
-    causal = k_slot <= q_slot                                          # [S, L]
-    mask = causal[None] & valid[:, None, :L]                           # [B, S, L]
-    mask = mask | (k_slot == q_slot)[None]
-    return mask[:, None]                                               # [B, 1, S, L]
-
-
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-          enable_gqa: bool) -> torch.Tensor:
+          enable_gqa: bool = False, scale: float | None = None) -> torch.Tensor:
     """SDPA with ``mask``, or without a mask tensor when :func:`attention_mask_for` marked it
-    as "no key masked" / "plain causal" (and its shape still fits): same values, faster."""
+    as "no key masked" / "plain causal" (and its shape still fits): same values, faster.
+    ``scale`` defaults to SDPA's ``1 / sqrt(D)``."""
     hint = getattr(mask, "sdpa_hint", None)
     if hint is not None and mask.shape[-2] == q.shape[-2] and mask.shape[-1] == k.shape[-2]:
         if hint == "none":
-            return F.scaled_dot_product_attention(q, k, v, enable_gqa=enable_gqa)
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=enable_gqa, scale=scale)
         if hint == "causal" and q.shape[-2] == k.shape[-2]:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                  enable_gqa=enable_gqa)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=enable_gqa)
+                                                  enable_gqa=enable_gqa, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=enable_gqa,
+                                          scale=scale)
 
 
 class Attention(nn.Module):
@@ -129,17 +65,17 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * D, H, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor, kv_cache=None, start: int = 0, trace=None) -> torch.Tensor:
+                step: CacheStep, kv_cache=None, trace=None) -> torch.Tensor:
         """One attention step.
 
         Args:
             x: ``[B,S,H]`` normalised hidden states of the new tokens.
             cos, sin: ``[B,1,S,D]`` RoPE tables for their positions.
-            mask: ``[B,1,S,L]`` bool from :func:`attention_mask_for`.
-            kv_cache: a :class:`~tokenflow.kv_cache.KVCache` (new K/V are written at slots
-                ``[start, start+S)`` and all filled slots are read), or ``None`` (attend
-                over the new tokens only).
-            start: first cache slot of the new tokens.
+            step: the forward pass's :class:`~tokenflow.kv_cache.CacheStep` (``mask
+                [B,1,S,L]``, ``start``).
+            kv_cache: a cache storage (:class:`~tokenflow.kv_cache.KVCache`): the new K/V are
+                written at the step's slots and all filled slots are read; or ``None``
+                (attend over the new tokens only).
             trace: optional :class:`~tokenflow.trace.Trace`.
 
         Returns:
@@ -153,9 +89,9 @@ class Attention(nn.Module):
         qk = torch.cat([q, k], dim=-1).view(B, S, self.n_heads + self.n_kv, D).transpose(1, 2)
         qk = apply_rope(qk, cos, sin)                                    # [B, nh+nkv, S, D]
         q, k = qk[:, :self.n_heads], qk[:, self.n_heads:]                # [B,nh,S,D], [B,nkv,S,D]
-        where = f"layer {self.layer_idx} attention"
+        where, mask, start = f"layer {self.layer_idx} attention", step.mask, step.start
         if kv_cache is not None:
-            k_all, v_all = kv_cache.write(self.layer_idx, start, k, v)   # [B, nkv, L, D]
+            k_all, v_all = kv_cache.update(self.layer_idx, step, k, v)   # [B, nkv, L, D]
             if trace is not None:
                 trace.record("write KV", where, x, k, nbytes=k.nbytes + v.nbytes,
                              note=f"K,V of {S} new token(s) -> cache slots {start}..{start + S - 1}")
@@ -186,8 +122,8 @@ def attention_steps(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: to
     """The computation of :meth:`Attention.forward`, one named tensor per step.
 
     Uses the module's own projections (``attn.q_proj``, ``k_proj``, ``v_proj``, ``o_proj``)
-    and :func:`apply_rope`; the result ``"out"`` equals ``attn(x, cos, sin, mask, kv_cache,
-    start)`` (tested). Unlike the module it does **not** write the cache: it reads the past
+    and :func:`apply_rope`; the result ``"out"`` equals the module's forward with a
+    :class:`~tokenflow.kv_cache.CacheStep` of this ``mask`` and ``start`` (tested). Unlike the module it does **not** write the cache: it reads the past
     slots ``[0, start)`` of layer ``attn.layer_idx`` and appends the new K/V in a copy, so it
     can be called before (or instead of) the real forward without changing the cache.
 
@@ -196,8 +132,8 @@ def attention_steps(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: to
         x: ``[B,S,H]`` normalised hidden states of the new tokens (``input_layernorm(h)``).
         cos, sin: ``[B,1,S,D]`` RoPE tables for their positions.
         mask: ``[B,1,S,L]`` bool, ``L = start + S`` (:func:`attention_mask_for`).
-        kv_cache: a :class:`~tokenflow.kv_cache.KVCache` holding at least ``start`` filled
-            slots, or ``None`` (then ``start`` must be 0: attend within ``x`` only).
+        kv_cache: a cache storage holding at least ``start`` filled slots (read through its
+            ``read``), or ``None`` (then ``start`` must be 0: attend within ``x`` only).
         start: cache slot of the first new token (= number of past slots read).
 
     Returns:
@@ -236,8 +172,7 @@ def attention_steps(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: to
     v_new = attn.v_proj(x).view(B, S, nkv, D).transpose(1, 2)           # [B, nkv, S, D]
     k_new = apply_rope(k_new, cos, sin)
     if kv_cache is not None:
-        k_past = kv_cache.k[attn.layer_idx][:, :, :start]               # [B, nkv, P, D]
-        v_past = kv_cache.v[attn.layer_idx][:, :, :start]
+        k_past, v_past = kv_cache.read(attn.layer_idx, start)          # [B, nkv, P, D]
     else:
         k_past = k_new[:, :, :0]
         v_past = v_new[:, :, :0]
@@ -277,14 +212,17 @@ def trace_attention_step(model, input_ids: torch.Tensor, kv_cache, layer_idx: in
         attention, before the block's FFN/MoE), and ``start`` (0-d tensor: past slots read).
 
     Raises:
-        ValueError: if ``layer_idx`` is out of range or ``kv_cache`` is None; and as the
-            model's forward.
+        ValueError: if ``layer_idx`` is out of range, ``kv_cache`` is None or the model's
+            attention is MLA; and as the model's forward.
     """
     n = len(model.layers)
     if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or not 0 <= layer_idx < n:
         raise ValueError(f"layer_idx must be an int in [0, {n}), got {layer_idx!r}")
     if kv_cache is None:
         raise ValueError("kv_cache must be a KVCache (the step reads and writes it), got None")
+    if model.config.is_mla:
+        raise ValueError("trace_attention_step follows grouped-query attention; this model's "
+                         "attention is MLA (use Trace(keep_tensors=True) for its weights)")
     block = model.layers[layer_idx]
     steps: dict[str, torch.Tensor] = {}
 
@@ -299,10 +237,10 @@ def trace_attention_step(model, input_ids: torch.Tensor, kv_cache, layer_idx: in
     def grab_attn(module, args, kwargs):
         a = bound(module, args, kwargs)
         with torch.no_grad():
-            got = attention_steps(module, a["x"], a["cos"], a["sin"], a["mask"],
-                                  a["kv_cache"], a["start"])
+            got = attention_steps(module, a["x"], a["cos"], a["sin"], a["step"].mask,
+                                  a["kv_cache"], a["step"].start)
         steps.update({k: t.detach() for k, t in got.items()})
-        steps["start"] = torch.tensor(a["start"])
+        steps["start"] = torch.tensor(a["step"].start)
 
     handles = [block.register_forward_pre_hook(grab_block, with_kwargs=True),
                block.self_attn.register_forward_pre_hook(grab_attn, with_kwargs=True)]

@@ -52,6 +52,18 @@ class ModelConfig:
         rms_norm_eps: epsilon in RMSNorm.
         tie_word_embeddings: share the embedding table with the LM head.
         pad_token_id, bos_token_id, eos_token_id: special token ids.
+        kv_lora_rank: ``None`` for grouped-query attention; set, attention is multi-head latent
+            attention (MLA, DeepSeek-V2 report arXiv:2405.04434 section 2.1; HF
+            ``DeepseekV3Attention``) and the KV cache holds a latent of this width per token.
+        q_lora_rank: MLA only: width of the query's low-rank path (``None``: a plain
+            ``q_proj``).
+        qk_rope_head_dim: MLA only: the rotated (RoPE) part of each query/key head, shared by
+            all heads on the key side; ``head_dim`` equals it (as in HF ``DeepseekV3Config``).
+        qk_nope_head_dim: MLA only: the un-rotated part of each query/key head.
+        v_head_dim: MLA only: width of each value head.
+        rope_scaling: ``None`` for plain RoPE, or a dict with ``rope_type`` (``"linear"``,
+            ``"llama3"``, ``"yarn"``) and that type's keys, as in HF ``rope_parameters``
+            without ``rope_theta`` (see :mod:`tokenflow.rope`).
 
     Raises:
         ValueError: on any inconsistent field, naming the field and the allowed range.
@@ -82,9 +94,17 @@ class ModelConfig:
     pad_token_id: int = 0
     bos_token_id: int = 1
     eos_token_id: int = 2
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    qk_nope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    rope_scaling: dict | None = None
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
+        if self.head_dim is None and self.kv_lora_rank is not None:
+            self.head_dim = self.qk_rope_head_dim          # HF DeepseekV3Config's convention
         if self.head_dim is None:
             if not isinstance(self.num_attention_heads, int) or self.num_attention_heads < 1:
                 raise ValueError(
@@ -98,6 +118,7 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Check every field; raise ``ValueError``/``TypeError`` naming the first bad one."""
+        self._validate_mla()                   # first: head_dim is derived from qk_rope_head_dim
         ints_ge1 = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                     "num_key_value_heads", "head_dim", "intermediate_size",
                     "moe_intermediate_size", "max_position_embeddings", "n_group", "topk_group"]
@@ -139,12 +160,59 @@ class ModelConfig:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
         if self.rms_norm_eps <= 0:
             raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        self._validate_rope_scaling()
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             v = getattr(self, name)
             if not 0 <= v < self.vocab_size:
                 raise ValueError(f"{name} must be in [0, vocab_size={self.vocab_size}), got {v}")
 
+    def _validate_mla(self) -> None:
+        mla = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+        if self.kv_lora_rank is None:
+            for name in mla[1:] + ("q_lora_rank",):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} is an MLA field: set kv_lora_rank too, or leave "
+                                     f"{name}=None for grouped-query attention")
+            return
+        for name in mla + (("q_lora_rank",) if self.q_lora_rank is not None else ()):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1 for MLA, got {v!r}")
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim must be even for RoPE, got "
+                             f"{self.qk_rope_head_dim}")
+        if self.head_dim != self.qk_rope_head_dim:
+            raise ValueError(f"head_dim must equal qk_rope_head_dim for MLA (the rotated slice, "
+                             f"as in HF DeepseekV3Config), got head_dim={self.head_dim}, "
+                             f"qk_rope_head_dim={self.qk_rope_head_dim}")
+
+    def _validate_rope_scaling(self) -> None:
+        s = self.rope_scaling
+        if s is None:
+            return
+        from .rope import ROPE_TYPES
+        if not isinstance(s, dict) or s.get("rope_type") not in ROPE_TYPES:
+            got = s.get("rope_type") if isinstance(s, dict) else s
+            raise ValueError(f"rope_scaling['rope_type'] must be one of {sorted(ROPE_TYPES)}, "
+                             f"got {got!r}")
+        for key in ROPE_TYPES[s["rope_type"]]:
+            if key not in s:
+                raise ValueError(f"rope_scaling['{key}'] is required for rope_type "
+                                 f"{s['rope_type']!r}")
+        f = s.get("factor")
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or f < 1):
+            raise ValueError(f"rope_scaling['factor'] must be a number >= 1, got {f!r}")
+        if s["rope_type"] == "yarn" and f is None and \
+                self.max_position_embeddings < s["original_max_position_embeddings"]:
+            raise ValueError("rope_scaling['factor'] is missing and max_position_embeddings < "
+                             "original_max_position_embeddings (derived factor < 1)")
+
     # ------------------------------------------------------------------ helpers
+    @property
+    def is_mla(self) -> bool:
+        """True when attention is multi-head latent attention (``kv_lora_rank`` is set)."""
+        return self.kv_lora_rank is not None
+
     @property
     def is_moe(self) -> bool:
         """True when at least one layer routes tokens to experts."""
@@ -157,8 +225,8 @@ class ModelConfig:
     def replace(self, **changes: Any) -> "ModelConfig":
         """A validated copy with some fields changed (``head_dim`` is re-derived if not given)."""
         d = asdict(self)
-        if "head_dim" not in changes and ("hidden_size" in changes
-                                          or "num_attention_heads" in changes):
+        if "head_dim" not in changes and ({"hidden_size", "num_attention_heads",
+                                           "qk_rope_head_dim", "kv_lora_rank"} & set(changes)):
             d["head_dim"] = None
         d.update(changes)
         return ModelConfig(**d)
@@ -177,52 +245,116 @@ class ModelConfig:
         return cls(**d)
 
     @classmethod
-    def from_hf_config(cls, hf: dict, **overrides: Any) -> "ModelConfig":
-        """Build a config from a Hugging Face ``config.json`` dict.
+    def from_hf_config(cls, hf: Any, **overrides: Any) -> "ModelConfig":
+        """Build a config from a Hugging Face ``config.json`` dict or ``transformers`` config.
 
-        Understands Llama / Mistral (dense), Mixtral (``num_local_experts``), Qwen-MoE
-        (``num_experts``, ``moe_intermediate_size``, ``shared_expert_intermediate_size`` is
-        not modelled) and DeepSeek-V3 (``n_routed_experts``, ``n_shared_experts``,
-        ``scoring_func``, ``n_group``...). MLA fields of DeepSeek are not modelled: attention
-        is taken as GQA with ``num_key_value_heads`` heads of ``head_dim`` (for DeepSeek-V3,
-        ``v_head_dim``). Use :mod:`tokenflow.costmodel` for MLA cache sizes.
+        The one parser of HF configs (``tokenflow.interop.from_hf_config`` is this function).
+        Understands Llama / Mistral (dense), Mixtral (``num_local_experts``), Qwen2-MoE
+        (``num_experts``; ``shared_expert_intermediate_size`` as a multiple of
+        ``moe_intermediate_size``; ``mlp_only_layers`` as the first dense layers) and
+        DeepSeek-V3 (``n_routed_experts``, ``n_shared_experts``, ``scoring_func``, ``n_group``;
+        MLA when ``kv_lora_rank`` is given). RoPE: ``rope_theta`` at the top level or inside
+        ``rope_parameters`` (transformers 5) / ``rope_scaling`` (older files), whose
+        ``rope_type`` (or legacy ``type``) may be default, linear, llama3 or yarn. Special
+        token ids: a list of EOS ids keeps the first; a missing id becomes 0. Fields with no
+        meaning in the source family get canonical values (a dense config gets
+        ``moe_intermediate_size = intermediate_size``).
 
         Raises:
-            ValueError: if the resulting config is inconsistent.
+            ValueError: a RoPE type we do not implement (naming ``rope_type``), MLA head dims
+                that do not add up (``qk_head_dim``), a Qwen2-MoE shared expert width that is
+                not a multiple of ``moe_intermediate_size``, MoE layers that are not "the first
+                k dense, the rest MoE", or an inconsistent resulting config.
         """
-        g = hf.get
-        n_heads = g("num_attention_heads")
-        hidden = g("hidden_size")
-        head_dim = g("head_dim") or g("v_head_dim") or hidden // n_heads
+        d = dict(hf.to_dict() if hasattr(hf, "to_dict") else hf)
+        g = d.get
+        n_heads, hidden = g("num_attention_heads"), g("hidden_size")
         experts = g("num_local_experts") or g("n_routed_experts") or g("num_experts") or 0
-        arch = (g("architectures") or [""])[0] if isinstance(g("architectures"), list) else ""
-        mixtral_like = "num_local_experts" in hf or "Mixtral" in arch
+        arch = g("architectures")
+        arch = arch[0] if isinstance(arch, list) and arch else ""
+        mixtral_like = "num_local_experts" in d or "Mixtral" in arch
         kw = dict(
-            vocab_size=g("vocab_size"),
-            hidden_size=hidden,
-            num_hidden_layers=g("num_hidden_layers"),
-            num_attention_heads=n_heads,
+            vocab_size=g("vocab_size"), hidden_size=hidden,
+            num_hidden_layers=g("num_hidden_layers"), num_attention_heads=n_heads,
             num_key_value_heads=g("num_key_value_heads") or n_heads,
-            head_dim=head_dim,
+            head_dim=g("head_dim") or (None if g("kv_lora_rank") else hidden // n_heads),
             intermediate_size=g("intermediate_size"),
             moe_intermediate_size=g("moe_intermediate_size") or g("intermediate_size"),
             num_experts=int(experts),
-            num_experts_per_tok=g("num_experts_per_tok") or (2 if experts else 0),
-            num_shared_experts=g("n_shared_experts") or 0,
+            num_experts_per_tok=(g("num_experts_per_tok") or 2) if experts else 0,
+            num_shared_experts=(g("n_shared_experts") or 0) if experts else 0,
             first_k_dense_replace=g("first_k_dense_replace") or 0,
-            scoring_func=g("scoring_func") or "softmax",
+            scoring_func=g("scoring_func") or ("sigmoid" if g("model_type") == "deepseek_v3"
+                                               else "softmax"),   # HF's V3 router: sigmoid
             norm_topk_prob=True if mixtral_like else bool(g("norm_topk_prob", False)),
             routed_scaling_factor=float(g("routed_scaling_factor") or 1.0),
-            n_group=g("n_group") or 1,
-            topk_group=g("topk_group") or 1,
+            n_group=g("n_group") or 1, topk_group=g("topk_group") or 1,
             max_position_embeddings=g("max_position_embeddings") or 2048,
-            rope_theta=float(g("rope_theta") or 10000.0),
             rms_norm_eps=float(g("rms_norm_eps") or 1e-6),
-            tie_word_embeddings=bool(g("tie_word_embeddings", False)),
-            pad_token_id=0, bos_token_id=0, eos_token_id=0,
-        )
+            tie_word_embeddings=bool(g("tie_word_embeddings", False)))
+        kw.update(_rope_from_hf(d), **_mla_from_hf(d), **_qwen2_moe_from_hf(d),
+                  **_special_tokens_from_hf(d))
         kw.update(overrides)
         return cls(**kw)
+
+
+def _rope_from_hf(d: dict) -> dict:
+    """``rope_theta`` and ``rope_scaling`` from either spelling of HF's RoPE settings."""
+    rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
+    theta = rope.pop("rope_theta", None) or d.get("rope_theta") or 10000.0
+    kind = rope.pop("rope_type", None) or rope.pop("type", None) or "default"
+    rope.pop("type", None)
+    if rope.pop("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError("partial_rotary_factor != 1 is not implemented (rope_parameters)")
+    from .rope import ROPE_TYPES
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"rope_type {kind!r} is not implemented (supported: "
+                         f"{sorted(ROPE_TYPES)})")
+    if kind in ("llama3", "yarn"):           # HF's default (standardize_rope_params)
+        rope.setdefault("original_max_position_embeddings", d.get("max_position_embeddings"))
+    scaling = None if kind == "default" else {"rope_type": kind, **rope}
+    return dict(rope_theta=float(theta), rope_scaling=scaling)
+
+
+def _mla_from_hf(d: dict) -> dict:
+    """The MLA fields of a DeepSeek-V2/V3 config (empty for other families)."""
+    if d.get("kv_lora_rank") is None:
+        return {}
+    names = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+             "v_head_dim")
+    out = {n: d.get(n) for n in names}
+    qk = d.get("qk_head_dim")
+    if qk is not None and out["qk_nope_head_dim"] is not None \
+            and out["qk_rope_head_dim"] is not None \
+            and qk != out["qk_nope_head_dim"] + out["qk_rope_head_dim"]:
+        raise ValueError(f"qk_head_dim ({qk}) must equal qk_nope_head_dim + qk_rope_head_dim "
+                         f"({out['qk_nope_head_dim']} + {out['qk_rope_head_dim']})")
+    return out
+
+
+def _qwen2_moe_from_hf(d: dict) -> dict:
+    """Qwen2-MoE's shared expert width and dense layers as our fields."""
+    if d.get("model_type") != "qwen2_moe" or not d.get("num_experts"):
+        return {}
+    moe_i, shared_i = d["moe_intermediate_size"], d.get("shared_expert_intermediate_size", 0)
+    if shared_i % moe_i:
+        raise ValueError(f"shared_expert_intermediate_size ({shared_i}) must be a multiple "
+                         f"of moe_intermediate_size ({moe_i})")
+    dense = sorted(d.get("mlp_only_layers") or [])
+    if dense != list(range(len(dense))) or d.get("decoder_sparse_step", 1) != 1:
+        raise ValueError("only 'first k layers dense, the rest MoE' is modelled, got "
+                         f"mlp_only_layers={dense}, "
+                         f"decoder_sparse_step={d.get('decoder_sparse_step')}")
+    return dict(num_shared_experts=shared_i // moe_i, first_k_dense_replace=len(dense))
+
+
+def _special_tokens_from_hf(d: dict) -> dict:
+    eos = d.get("eos_token_id")
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    ids = (("pad_token_id", d.get("pad_token_id")), ("bos_token_id", d.get("bos_token_id")),
+           ("eos_token_id", eos))
+    return {name: int(v) if v is not None else 0 for name, v in ids}
 
 
 PRESETS: dict[str, dict] = {

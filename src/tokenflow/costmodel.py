@@ -1,16 +1,17 @@
 """Back-of-envelope costs for real configs: parameters, KV-cache bytes, FLOPs.
 
-All counts follow the shared model's architecture (GQA attention, SwiGLU FFN / MoE, RMSNorm),
-so for our own configs :func:`param_count` equals ``model.num_parameters()`` exactly (tested).
-For DeepSeek models, whose attention is MLA (DeepSeek-V2 report, arXiv:2405.04434, Table 1),
-use :func:`mla_kv_cache_bytes_per_token` for the cache.
+All counts follow the shared model's architecture (GQA or MLA attention, SwiGLU FFN / MoE,
+RMSNorm), so for our own configs :func:`param_count` equals ``model.num_parameters()`` exactly
+(tested, MLA included). DeepSeek configs carry the MLA fields, and
+:func:`kv_cache_bytes_per_token` then counts the compressed cache (DeepSeek-V2 report,
+arXiv:2405.04434, Table 1).
 """
 from __future__ import annotations
 
 from .config import ModelConfig
 
 __all__ = ["param_count", "active_param_count", "kv_cache_bytes_per_token",
-           "mla_kv_cache_bytes_per_token", "lm_head_flops", "BYTES",
+           "mla_kv_cache_bytes_per_token", "mla_decode_attention_costs", "lm_head_flops", "BYTES",
            "reference_models", "reference_config"]
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -28,14 +29,24 @@ def _ffn_params(H: int, I: int) -> int:
 
 
 def _attn_params(c: ModelConfig) -> int:
-    H, D = c.hidden_size, c.head_dim
-    return H * c.num_attention_heads * D * 2 + H * c.num_key_value_heads * D * 2  # q,o + k,v
+    H, D, nh = c.hidden_size, c.head_dim, c.num_attention_heads
+    if not c.is_mla:
+        return H * nh * D * 2 + H * c.num_key_value_heads * D * 2           # q,o + k,v
+    dq = c.qk_nope_head_dim + c.qk_rope_head_dim
+    q = H * nh * dq if c.q_lora_rank is None else \
+        H * c.q_lora_rank + c.q_lora_rank + c.q_lora_rank * nh * dq         # q_a, norm, q_b
+    kv = H * (c.kv_lora_rank + c.qk_rope_head_dim) + c.kv_lora_rank \
+        + c.kv_lora_rank * nh * (c.qk_nope_head_dim + c.v_head_dim)         # kv_a, norm, kv_b
+    return q + kv + nh * c.v_head_dim * H                                   # + o_proj
 
 
 def param_count(config: ModelConfig) -> int:
     """Total parameters of the shared architecture with this config (tied head counted once).
 
-    Per layer: attention ``2*H*nh*D + 2*H*nkv*D``, two RMSNorm weights ``2*H``, and either a
+    Per layer: attention ``2*H*nh*D + 2*H*nkv*D`` (MLA, ``config.is_mla``: ``q_proj`` or
+    ``q_a_proj``/``q_a_layernorm``/``q_b_proj``, ``kv_a_proj_with_mqa [H, r+dr]``,
+    ``kv_a_layernorm [r]``, ``kv_b_proj [r, nh*(dn+dv)]``, ``o_proj [nh*dv, H]``; the layout of
+    :class:`tokenflow.mla.MLAttention`), two RMSNorm weights ``2*H``, and either a
     dense FFN ``3*H*I`` or ``E`` experts ``E*3*H*I_moe`` + shared ``3*H*(n_shared*I_moe)`` +
     router ``E*H``. Plus embedding ``V*H``, final norm ``H`` and LM head ``V*H`` (if untied).
     """
@@ -74,14 +85,18 @@ def active_param_count(config: ModelConfig, include_embedding: bool = True) -> i
 
 
 def kv_cache_bytes_per_token(config: ModelConfig, bytes_per_element: float = 2) -> int:
-    """KV-cache bytes one token adds, all layers, K and V (GQA / MHA):
-    ``2 * num_hidden_layers * num_key_value_heads * head_dim * bytes_per_element``.
+    """KV-cache bytes one token adds, all layers: GQA / MHA (K and V)
+    ``2 * num_hidden_layers * num_key_value_heads * head_dim * bytes_per_element``; MLA
+    (``config.is_mla``) :func:`mla_kv_cache_bytes_per_token` (latent + RoPE key).
 
     Raises:
         ValueError: if ``bytes_per_element <= 0``.
     """
     _check_bytes(bytes_per_element)
     c = config
+    if c.is_mla:
+        return mla_kv_cache_bytes_per_token(c.num_hidden_layers, c.kv_lora_rank,
+                                            c.qk_rope_head_dim, bytes_per_element)
     return int(2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * bytes_per_element)
 
 
@@ -99,6 +114,44 @@ def mla_kv_cache_bytes_per_token(num_hidden_layers: int, kv_lora_rank: int,
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
     return int(num_hidden_layers * (kv_lora_rank + qk_rope_head_dim) * bytes_per_element)
+
+
+def mla_decode_attention_costs(config: ModelConfig, context_len: int,
+                               bytes_per_element: float = 2) -> dict:
+    """FLOPs and bytes read by one MLA layer's attention core for one decode token (batch 1),
+    in the naive and the absorbed form (:class:`tokenflow.mla.MLAttention`).
+
+    Counted: the work that depends on the form, from the cached entries to the per-head
+    outputs ``[nh, dv]`` (the ``q``/``kv_a``/``o`` projections are the same in both forms and
+    left out). ``L = context_len`` cached tokens; ``nh, r, dn, dr, dv`` as in
+    :mod:`tokenflow.mla`; a multiply-add is 2 FLOPs.
+
+    * naive: expand every cached latent with ``kv_b_proj`` (``2 L r nh (dn+dv)``), scores
+      ``2 nh L (dn+dr)``, weighted sum of V ``2 nh L dv``. Reads the cache ``L (r+dr)``, the
+      ``kv_b_proj`` weight ``r nh (dn+dv)`` and the expanded K and V ``L nh (dn+dr+dv)``.
+    * absorbed: fold ``W_UK`` into the query ``2 nh dn r``, scores ``2 nh L (r+dr)``, weighted
+      sum of latents ``2 nh L r``, ``W_UV`` on the result ``2 nh r dv``. Reads the cache and the
+      same weight, nothing expanded.
+
+    Returns:
+        ``{"naive": {"flops", "bytes_read"}, "absorbed": {"flops", "bytes_read"}}`` (ints).
+
+    Raises:
+        ValueError: a config without MLA, ``context_len < 1`` or ``bytes_per_element <= 0``.
+    """
+    if not config.is_mla:
+        raise ValueError("config must be an MLA config (kv_lora_rank set)")
+    _check_count("context_len", context_len, 1)
+    _check_bytes(bytes_per_element)
+    c, L = config, context_len
+    nh, r, dn, dr, dv = (c.num_attention_heads, c.kv_lora_rank, c.qk_nope_head_dim,
+                         c.qk_rope_head_dim, c.v_head_dim)
+    shared = L * (r + dr) + r * nh * (dn + dv)                  # cache + kv_b_proj weight
+    naive = dict(flops=2 * L * r * nh * (dn + dv) + 2 * nh * L * (dn + dr) + 2 * nh * L * dv,
+                 bytes_read=int((shared + L * nh * (dn + dr + dv)) * bytes_per_element))
+    absorbed = dict(flops=2 * nh * dn * r + 2 * nh * L * (r + dr) + 2 * nh * L * r
+                    + 2 * nh * r * dv, bytes_read=int(shared * bytes_per_element))
+    return {"naive": naive, "absorbed": absorbed}
 
 
 def lm_head_flops(config: ModelConfig, tokens: int = 1) -> int:
@@ -127,8 +180,9 @@ def reference_config(name: str) -> ModelConfig:
 
     Values the reference gives as annotated text (e.g. ``"2.5 (one secondary copy only -
     UNVERIFIED)"``) are read as their leading number or boolean; a missing
-    ``intermediate_size`` is taken as ``moe_intermediate_size``. Attention is modelled as GQA (see
-    :meth:`ModelConfig.from_hf_config`). Fine for shapes and counts, not for running.
+    ``intermediate_size`` is taken as ``moe_intermediate_size``. DeepSeek-V3 gets MLA and YaRN
+    RoPE from its config; DeepSeek-V4's attention is modelled as GQA. Fine for shapes and
+    counts, not for running.
 
     Raises:
         ValueError: if ``name`` is not bundled.

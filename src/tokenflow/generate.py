@@ -23,14 +23,24 @@ __all__ = ["prefill", "decode_step", "generate"]
 @torch.inference_mode()
 def prefill(model, input_ids: torch.Tensor, kv_cache: KVCache,
             attention_mask: torch.Tensor | None = None, trace=None) -> torch.Tensor:
-    """Run the prompt ``input_ids [B,S]`` through ``model``, filling ``kv_cache``.
+    """Run the prompt ``input_ids [B,S]`` through ``model``, filling an empty ``kv_cache``.
+
+    A prefill starts a sequence: the cache must be empty (new, or after ``kv_cache.reset()``).
+    To continue the cached sequences with more tokens instead (chunked prefill, or several
+    tokens at once), call the model itself: ``model(ids, kv_cache=kv_cache)``.
 
     Returns:
         ``[B, V]`` logits of the last prompt position (where the next token is predicted).
 
     Raises:
-        ValueError: as the model's forward (ids, lengths, cache capacity).
+        ValueError: a non-empty ``kv_cache``; and as the model's forward (ids, lengths, cache
+            capacity, cache dtype/device).
     """
+    if kv_cache.length != 0:
+        raise ValueError(
+            f"prefill needs an empty kv_cache, got one holding {kv_cache.length} tokens: call "
+            "kv_cache.reset() to start over, or model(ids, kv_cache=kv_cache) to continue the "
+            "cached sequences (chunked prefill)")
     return model(input_ids, kv_cache=kv_cache, trace=trace, attention_mask=attention_mask,
                  logits_to_keep=1)[:, -1]
 

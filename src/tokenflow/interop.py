@@ -10,8 +10,11 @@ architecture           our config                                              H
                        no dense first layers
 ``qwen2_moe``          softmax MoE with shared experts (optionally dense       ``Qwen2MoeForCausalLM``
                        first layers, optionally without renormalisation)
+``deepseek_v3``        MLA attention (``kv_lora_rank`` set), dense or with      ``DeepseekV3ForCausalLM``
+                       DeepSeek-V3 MoE (sigmoid routing, groups, shared
+                       experts, dense first layers)
 (none)                 sigmoid (DeepSeek-V3) routing, ``n_group > 1``,          ``ValueError``; compare
-                       ``routed_scaling_factor != 1``                           the MoE block with
+                       ``routed_scaling_factor != 1`` with GQA attention        the MoE block with
                                                                                 ``DeepseekV3MoE``
 =====================  ======================================================  =====================
 
@@ -24,8 +27,12 @@ Weight layout differences handled here (everything else is a rename ``x`` -> ``m
   ours adds the shared experts unweighted (DeepSeekMoE). The mapping sets
   ``shared_expert_gate.weight = 0`` (so the gate is exactly ``sigmoid(0) = 0.5``) and stores
   ``2 * down_proj``; both factors are powers of two, so the product is bit-exact.
-* DeepSeek-V3's MLA attention (low-rank K/V with an RMSNorm inside) is not our GQA, so no
-  whole DeepSeek-V3 model maps; :func:`moe_to_hf` maps one MoE block onto ``DeepseekV3MoE``.
+* DeepSeek-V3's MLA (:class:`~tokenflow.mla.MLAttention`, same module names as HF) maps one
+  to one, except the RoPE slice: DeepSeek's checkpoints (``rope_interleave=True``) rotate
+  neighbouring pairs ``(x0, x1), (x2, x3)...``, ours the two halves. Reordering the rows that
+  produce the RoPE slice (``q_proj`` / ``q_b_proj`` per head, ``kv_a_proj_with_mqa``'s last
+  ``qk_rope_head_dim`` rows) to ``evens, odds`` makes the two equal: HF's rotated output is
+  already in that order. :func:`moe_to_hf` also maps a single MoE block onto ``DeepseekV3MoE``.
 
 Sources: ``transformers`` 5.x ``models/{llama,mixtral,qwen2_moe,deepseek_v3}/modeling_*.py``.
 ``transformers`` is imported lazily inside the functions that need it (a test dependency;
@@ -50,8 +57,9 @@ HF_CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
               "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM")}
 """``architecture -> (config class, causal-LM class)`` names in ``transformers``."""
 
-_FULL_MODEL = ("llama", "mixtral", "qwen2_moe")
+_FULL_MODEL = ("llama", "mixtral", "qwen2_moe", "deepseek_v3")
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLA = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
 _FFN = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -89,9 +97,14 @@ def _moe_block_problem(config: ModelConfig, arch: str) -> str | None:
 
 def _check_arch(config: ModelConfig, arch: str) -> None:
     """Raise ``ValueError`` if HF family ``arch`` cannot express ``config``."""
+    if config.is_mla and arch != "deepseek_v3":
+        raise ValueError(f"config cannot be expressed as {arch}: its attention is MLA "
+                         "(kv_lora_rank set); use 'deepseek_v3'")
     if arch == "llama":
         if config.is_moe:
             raise ValueError("architecture 'llama' is dense but this config has MoE layers")
+        return
+    if arch == "deepseek_v3" and config.is_mla and not config.is_moe:
         return
     if not config.is_moe:
         raise ValueError(f"architecture {arch!r} is an MoE family but this config is dense")
@@ -106,14 +119,18 @@ def hf_architecture(config: ModelConfig) -> str:
     """The HF causal-LM family whose whole model equals ours for ``config``.
 
     Returns:
-        ``"llama"`` (dense), ``"mixtral"`` (softmax MoE, renormalised, no shared experts,
-        no dense first layers) or ``"qwen2_moe"`` (softmax MoE with shared experts).
+        ``"deepseek_v3"`` (MLA attention), ``"llama"`` (dense), ``"mixtral"`` (softmax MoE,
+        renormalised, no shared experts, no dense first layers) or ``"qwen2_moe"`` (softmax
+        MoE with shared experts).
 
     Raises:
         ValueError: when no HF causal-LM class matches (sigmoid/DeepSeek-V3 routing, group
-            routing, a routed scaling factor, or dense first layers without shared experts),
-            saying why and what to compare instead.
+            routing or a routed scaling factor with GQA attention; dense first layers without
+            shared experts; MLA with a softmax MoE), saying why and what to compare instead.
     """
+    if config.is_mla:
+        _check_arch(config, "deepseek_v3")
+        return "deepseek_v3"
     if not config.is_moe:
         return "llama"
     if config.scoring_func == "sigmoid" or config.n_group > 1 \
@@ -122,9 +139,9 @@ def hf_architecture(config: ModelConfig) -> str:
             "no Hugging Face causal-LM class matches this config: DeepSeek-V3 style routing "
             f"(scoring_func={config.scoring_func!r}, n_group={config.n_group}, "
             f"routed_scaling_factor={config.routed_scaling_factor}) exists only in "
-            "DeepseekV3ForCausalLM, whose MLA attention is not our GQA. Compare one MoE block "
-            "instead: moe_to_hf(model.layers[i].mlp, DeepseekV3MoE(to_hf_config(config, "
-            "'deepseek_v3')))")
+            "DeepseekV3ForCausalLM, whose attention is MLA (set kv_lora_rank and the other MLA "
+            "fields). Or compare one MoE block: moe_to_hf(model.layers[i].mlp, "
+            "DeepseekV3MoE(to_hf_config(config, 'deepseek_v3')))")
     if config.num_shared_experts == 0:
         problem = _moe_block_problem(config, "mixtral") or (
             "Mixtral has no dense first layers (first_k_dense_replace must be 0)"
@@ -142,14 +159,16 @@ def to_hf_config(config: ModelConfig, architecture: str | None = None):
     Args:
         config: the model config.
         architecture: ``"llama"``, ``"mixtral"``, ``"qwen2_moe"`` or ``"deepseek_v3"``;
-            default :func:`hf_architecture`. ``"deepseek_v3"`` is for building a
-            ``DeepseekV3MoE`` / ``DeepseekV3TopkRouter`` block only (its MLA attention fields
-            are filled with placeholders consistent with ``head_dim``).
+            default :func:`hf_architecture`. ``"deepseek_v3"`` with a GQA config is for
+            building a ``DeepseekV3MoE`` / ``DeepseekV3TopkRouter`` block only (its MLA fields
+            are then placeholders consistent with ``head_dim``); with an MLA config it is the
+            whole model, with ``rope_interleave=True`` (DeepSeek's layout, see the module
+            docstring).
 
     Returns:
         a ``LlamaConfig`` / ``MixtralConfig`` / ``Qwen2MoeConfig`` / ``DeepseekV3Config`` with
-        ``rope_parameters={"rope_type": "default", "rope_theta": ...}``, the special token ids,
-        ``architectures=[<causal-LM class>]``.
+        ``rope_parameters={"rope_type": ..., "rope_theta": ..., <rope_scaling keys>}``, the
+        special token ids, ``architectures=[<causal-LM class>]``.
 
     Raises:
         ValueError: unknown ``architecture``, or one that cannot express ``config``
@@ -167,13 +186,14 @@ def to_hf_config(config: ModelConfig, architecture: str | None = None):
                          f"{c.num_attention_heads} != {c.hidden_size}")
     import transformers
     cfg_cls = getattr(transformers, HF_CLASSES[arch][0])
+    rope = {"rope_type": "default", **(c.rope_scaling or {}), "rope_theta": float(c.rope_theta)}
     common = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size,
                   num_hidden_layers=c.num_hidden_layers,
                   num_attention_heads=c.num_attention_heads,
                   num_key_value_heads=c.num_key_value_heads, hidden_act="silu",
                   max_position_embeddings=c.max_position_embeddings,
                   rms_norm_eps=c.rms_norm_eps, tie_word_embeddings=c.tie_word_embeddings,
-                  rope_parameters={"rope_type": "default", "rope_theta": float(c.rope_theta)},
+                  rope_parameters=rope,
                   pad_token_id=c.pad_token_id, bos_token_id=c.bos_token_id,
                   eos_token_id=c.eos_token_id, attention_dropout=0.0,
                   architectures=[HF_CLASSES[arch][1]])
@@ -192,66 +212,39 @@ def to_hf_config(config: ModelConfig, architecture: str | None = None):
                   norm_topk_prob=c.norm_topk_prob, decoder_sparse_step=1,
                   mlp_only_layers=list(range(c.first_k_dense_replace)), qkv_bias=False,
                   use_sliding_window=False)
-    else:  # deepseek_v3: MoE block only
+    else:
+        kw = _deepseek_v3_fields(c)
+    return cfg_cls(**{**common, **kw})
+
+
+def _deepseek_v3_fields(c: ModelConfig) -> dict:
+    """``DeepseekV3Config`` fields beyond the common ones: the MLA fields (placeholders
+    consistent with ``head_dim`` for a GQA config, which only builds MoE blocks), the MoE
+    (a dense MLA model: every layer below ``first_k_dense_replace``)."""
+    if c.is_mla:
+        mla = dict(q_lora_rank=c.q_lora_rank, kv_lora_rank=c.kv_lora_rank,
+                   qk_rope_head_dim=c.qk_rope_head_dim, qk_nope_head_dim=c.qk_nope_head_dim,
+                   v_head_dim=c.v_head_dim, rope_interleave=True, attention_bias=False,
+                   num_key_value_heads=c.num_attention_heads)
+    else:
         half = max(c.head_dim // 2, 1)
-        kw = dict(intermediate_size=c.intermediate_size,
-                  moe_intermediate_size=c.moe_intermediate_size,
-                  n_routed_experts=c.num_experts, n_shared_experts=c.num_shared_experts,
-                  num_experts_per_tok=c.num_experts_per_tok, n_group=c.n_group,
-                  topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
-                  routed_scaling_factor=float(c.routed_scaling_factor),
-                  first_k_dense_replace=c.first_k_dense_replace, q_lora_rank=None,
-                  kv_lora_rank=c.head_dim, qk_rope_head_dim=half,
-                  qk_nope_head_dim=c.head_dim - half, v_head_dim=c.head_dim)
-    return cfg_cls(**common, **kw)
+        mla = dict(q_lora_rank=None, kv_lora_rank=c.head_dim, qk_rope_head_dim=half,
+                   qk_nope_head_dim=c.head_dim - half, v_head_dim=c.head_dim)
+    moe = c.num_experts > 0
+    return dict(intermediate_size=c.intermediate_size,
+                moe_intermediate_size=c.moe_intermediate_size,
+                n_routed_experts=c.num_experts if moe else 2,
+                n_shared_experts=c.num_shared_experts if moe else 1,
+                num_experts_per_tok=c.num_experts_per_tok if moe else 1, n_group=c.n_group,
+                topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
+                routed_scaling_factor=float(c.routed_scaling_factor),
+                first_k_dense_replace=c.first_k_dense_replace if moe else c.num_hidden_layers,
+                **mla)
 
 
-def from_hf_config(hf_config: Any, **overrides: Any) -> ModelConfig:
-    """A :class:`ModelConfig` from a ``transformers`` config object or ``config.json`` dict.
-
-    Extends :meth:`ModelConfig.from_hf_config` with what it leaves out: ``rope_parameters``
-    (transformers 5 keeps ``rope_theta`` there), Qwen2-MoE's shared expert width and
-    ``mlp_only_layers``, and the special token ids (a list of EOS ids keeps the first; a
-    missing pad id becomes 0). Fields that have no meaning in the source family are given
-    canonical values (a Llama config gets ``moe_intermediate_size = intermediate_size``;
-    a Mixtral config ``intermediate_size = moe_intermediate_size``).
-
-    Raises:
-        ValueError: a RoPE type other than ``"default"``, a Qwen2-MoE shared expert width that
-            is not a multiple of ``moe_intermediate_size``, MoE layers that are not "the first
-            k dense, the rest MoE", or an inconsistent resulting config.
-    """
-    d = dict(hf_config.to_dict() if hasattr(hf_config, "to_dict") else hf_config)
-    kw: dict[str, Any] = {}
-    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-    if rope:
-        rtype = rope.get("rope_type", rope.get("type", "default"))
-        if rtype != "default":
-            raise ValueError(f"only default RoPE is modelled, got rope_type={rtype!r}")
-        if rope.get("rope_theta") is not None:
-            kw["rope_theta"] = float(rope["rope_theta"])
-    if d.get("model_type") == "qwen2_moe" and d.get("num_experts"):
-        moe_i, shared_i = d["moe_intermediate_size"], d.get("shared_expert_intermediate_size", 0)
-        if shared_i % moe_i:
-            raise ValueError(f"shared_expert_intermediate_size ({shared_i}) must be a multiple "
-                             f"of moe_intermediate_size ({moe_i})")
-        dense = sorted(d.get("mlp_only_layers") or [])
-        if dense != list(range(len(dense))) or d.get("decoder_sparse_step", 1) != 1:
-            raise ValueError("only 'first k layers dense, the rest MoE' is modelled, got "
-                             f"mlp_only_layers={dense}, "
-                             f"decoder_sparse_step={d.get('decoder_sparse_step')}")
-        kw.update(num_shared_experts=shared_i // moe_i, first_k_dense_replace=len(dense))
-    eos = d.get("eos_token_id")
-    if isinstance(eos, (list, tuple)):
-        eos = eos[0] if eos else None
-    for name, v in (("pad_token_id", d.get("pad_token_id")),
-                    ("bos_token_id", d.get("bos_token_id")), ("eos_token_id", eos)):
-        kw[name] = int(v) if v is not None else 0
-    if not (d.get("num_local_experts") or d.get("n_routed_experts") or d.get("num_experts")):
-        kw.update(moe_intermediate_size=d["intermediate_size"], num_experts_per_tok=0,
-                  num_shared_experts=0)
-    kw.update(overrides)
-    return ModelConfig.from_hf_config(d, **kw)
+from_hf_config = ModelConfig.from_hf_config
+"""A :class:`ModelConfig` from a ``transformers`` config object or ``config.json`` dict: the
+same function as :meth:`ModelConfig.from_hf_config` (one parser, so the two cannot disagree)."""
 
 
 # ---------------------------------------------------------------------------- weights
@@ -317,6 +310,39 @@ def _getter(sd: Mapping[str, torch.Tensor], prefix: str):
     return get
 
 
+def _attention_names(config: ModelConfig) -> tuple[str, ...]:
+    """Weight names (without ``.weight``) of one attention module, ours and HF's alike."""
+    if not config.is_mla:
+        return _ATTN
+    q = ("q_proj",) if config.q_lora_rank is None else ("q_a_proj", "q_a_layernorm", "q_b_proj")
+    return q + _MLA
+
+
+def _rope_rows(config: ModelConfig) -> dict[str, torch.Tensor]:
+    """For each MLA weight that produces a RoPE slice, ``name -> row order`` taking DeepSeek's
+    interleaved layout (``rope_interleave=True``) to ours: in every RoPE slice the even rows
+    first, then the odd ones (see the module docstring)."""
+    c = config
+    dr, dq = c.qk_rope_head_dim, c.qk_nope_head_dim + c.qk_rope_head_dim
+    perm = torch.cat([torch.arange(0, dr, 2), torch.arange(1, dr, 2)])        # [dr]
+    q_rows = torch.cat([torch.cat([torch.arange(c.qk_nope_head_dim), c.qk_nope_head_dim + perm])
+                        + h * dq for h in range(c.num_attention_heads)])
+    kv_rows = torch.cat([torch.arange(c.kv_lora_rank), c.kv_lora_rank + perm])
+    q_name = "q_proj" if c.q_lora_rank is None else "q_b_proj"
+    return {q_name: q_rows, "kv_a_proj_with_mqa": kv_rows}
+
+
+def _reorder_rope(sd: dict, config: ModelConfig, prefix: str, to_hf: bool) -> None:
+    """Reorder, in place, the RoPE rows of every layer's MLA weights in ``sd`` (keys
+    ``{prefix}layers.{i}.self_attn.<name>.weight``): HF interleaved -> ours, or back."""
+    for name, rows in _rope_rows(config).items():
+        if to_hf:
+            rows = torch.argsort(rows)
+        for i in range(config.num_hidden_layers):
+            key = f"{prefix}layers.{i}.self_attn.{name}.weight"
+            sd[key] = sd[key][rows]
+
+
 def _name_pairs(config: ModelConfig):
     """``(our name, HF name)`` of every tensor that is renamed one to one: embedding, final
     norm, and per layer the two norms, the attention projections and a dense FFN. The LM head
@@ -327,7 +353,7 @@ def _name_pairs(config: ModelConfig):
         p, q = f"layers.{i}.", f"model.layers.{i}."
         for n in ("input_layernorm", "post_attention_layernorm"):
             yield f"{p}{n}.weight", f"{q}{n}.weight"
-        for n in _ATTN:
+        for n in _attention_names(config):
             yield f"{p}self_attn.{n}.weight", f"{q}self_attn.{n}.weight"
         if not config.layer_is_moe(i):
             for n in _FFN:
@@ -340,20 +366,21 @@ def state_dict_to_hf(model: TokenFlowModel | Mapping[str, torch.Tensor],
     """Our weights renamed/reshaped to the state dict of the matching HF causal LM.
 
     Pure tensor work (no ``transformers`` import). Tensors are shared with ``model`` where
-    no reshaping is needed (not copied).
+    no reshaping is needed (not copied). For DeepSeek-V3 the result is in DeepSeek's
+    interleaved RoPE layout (``rope_interleave=True``, as :func:`to_hf_config` sets).
 
     Args:
         model: a :class:`TokenFlowModel`, or its ``state_dict()`` (then pass ``config``).
         config: the config (default ``model.config``).
-        architecture: ``"llama"``, ``"mixtral"`` or ``"qwen2_moe"`` (default
-            :func:`hf_architecture`).
+        architecture: ``"llama"``, ``"mixtral"``, ``"qwen2_moe"`` or ``"deepseek_v3"`` (MLA
+            configs) (default :func:`hf_architecture`).
 
     Returns:
         ``{hf_name: tensor}``, e.g. ``model.layers.0.mlp.experts.gate_up_proj [E, 2I, H]``.
 
     Raises:
-        ValueError: as :func:`hf_architecture`; a missing tensor; ``"deepseek_v3"`` (whole
-            model not mappable).
+        ValueError: as :func:`hf_architecture`; a missing tensor; an architecture that cannot
+            express ``config`` (e.g. ``"deepseek_v3"`` for GQA attention).
     """
     if isinstance(model, TokenFlowModel):
         config = config or model.config
@@ -368,6 +395,9 @@ def state_dict_to_hf(model: TokenFlowModel | Mapping[str, torch.Tensor],
                          f"got {arch!r}")
     if architecture is not None:
         _check_arch(config, arch)
+    if arch == "deepseek_v3" and not config.is_mla:
+        raise ValueError("a whole DeepseekV3ForCausalLM needs MLA attention (kv_lora_rank set); "
+                         "this config has GQA: map single MoE blocks with moe_to_hf")
     get = _getter(sd, "")
     out = {hf: get(ours) for ours, hf in _name_pairs(config)}
     out["lm_head.weight"] = get("lm_head.weight")
@@ -375,34 +405,47 @@ def state_dict_to_hf(model: TokenFlowModel | Mapping[str, torch.Tensor],
         if config.layer_is_moe(i):
             sub = _moe_to_hf_tensors(_getter(sd, f"layers.{i}.mlp."), config.num_experts, arch)
             out.update({f"model.layers.{i}.mlp.{k}": v for k, v in sub.items()})
+    if config.is_mla:
+        _reorder_rope(out, config, "model.", to_hf=True)
     return out
 
 
 def state_dict_from_hf(hf_state_dict: Mapping[str, torch.Tensor], config: ModelConfig,
-                       architecture: str | None = None) -> dict[str, torch.Tensor]:
+                       architecture: str | None = None,
+                       rope_interleave: bool = True) -> dict[str, torch.Tensor]:
     """Inverse of :func:`state_dict_to_hf`: an HF causal-LM state dict as ours.
+
+    ``rope_interleave``: the HF config's flag (DeepSeek-V3 only; ``True`` for DeepSeek's
+    checkpoints and for :func:`state_dict_to_hf`'s output): reorder the RoPE rows to ours.
 
     Returns:
         ``{our_name: tensor}`` loadable with ``TokenFlowModel(config).load_state_dict(...,
         strict=False)`` (only non-persistent RoPE tables are absent).
 
     Raises:
-        ValueError: missing tensor; a Qwen2-MoE shared-expert gate or q/k/v bias that is not
-            zero (not expressible by our model); an architecture that cannot express
-            ``config``.
+        ValueError: missing tensor (``lm_head.weight`` too, unless ``tie_word_embeddings``);
+            a Qwen2-MoE shared-expert gate or q/k/v bias that is not zero (not expressible by
+            our model); an architecture that cannot express ``config``.
     """
     arch = architecture or hf_architecture(config)
     if arch not in _FULL_MODEL:
         raise ValueError(f"architecture must be one of {_FULL_MODEL} for a whole model, "
                          f"got {arch!r}")
     _check_arch(config, arch)
+    if arch == "deepseek_v3" and not config.is_mla:
+        raise ValueError("a whole DeepseekV3ForCausalLM needs MLA attention (kv_lora_rank set)")
     for k, v in hf_state_dict.items():
         if k.endswith("_proj.bias") and v.abs().max() != 0:
             raise ValueError(f"{k} is not zero: our attention and FFN have no biases")
     get = _getter(hf_state_dict, "")
     out = {ours: get(hf) for ours, hf in _name_pairs(config)}
-    out["lm_head.weight"] = hf_state_dict.get("lm_head.weight",
-                                              hf_state_dict.get("model.embed_tokens.weight"))
+    if "lm_head.weight" in hf_state_dict:
+        out["lm_head.weight"] = hf_state_dict["lm_head.weight"]
+    elif config.tie_word_embeddings:
+        out["lm_head.weight"] = out["embed_tokens.weight"]
+    else:
+        raise ValueError("state dict has no tensor 'lm_head.weight' and the config does not tie "
+                         "word embeddings (tie_word_embeddings=False): the LM head is missing")
     for i in range(config.num_hidden_layers):
         if config.layer_is_moe(i):
             bias = torch.zeros(config.num_experts, dtype=torch.float32)
@@ -410,6 +453,8 @@ def state_dict_from_hf(hf_state_dict: Mapping[str, torch.Tensor], config: ModelC
                                        config.num_experts, arch, bias,
                                        config.num_shared_experts > 0)
             out.update({f"layers.{i}.mlp.{k}": v for k, v in sub.items()})
+    if config.is_mla and rope_interleave:
+        _reorder_rope(out, config, "", to_hf=False)
     return out
 
 
@@ -426,8 +471,8 @@ def to_hf_model(model: TokenFlowModel, architecture: str | None = None,
             ``"grouped_mm"`` where torch supports it, else ``"eager"``).
 
     Returns:
-        ``LlamaForCausalLM`` / ``MixtralForCausalLM`` / ``Qwen2MoeForCausalLM`` in eval mode,
-        whose logits equal ours (fp32: within ~1e-5).
+        ``LlamaForCausalLM`` / ``MixtralForCausalLM`` / ``Qwen2MoeForCausalLM`` /
+        ``DeepseekV3ForCausalLM`` in eval mode, whose logits equal ours (fp32: within ~1e-5).
 
     Raises:
         ValueError: as :func:`hf_architecture` / :func:`to_hf_config`.
@@ -457,7 +502,8 @@ def to_hf_model(model: TokenFlowModel, architecture: str | None = None,
 
 def from_hf_model(hf_model) -> TokenFlowModel:
     """A :class:`TokenFlowModel` with the weights of a ``transformers`` Llama / Mixtral /
-    Qwen2-MoE causal LM (config via :func:`from_hf_config`), same dtype, eval mode.
+    Qwen2-MoE / DeepSeek-V3 causal LM (config via :func:`from_hf_config`), same dtype, eval
+    mode.
 
     Raises:
         ValueError: an unsupported ``model_type``, or weights our model cannot express
@@ -468,7 +514,8 @@ def from_hf_model(hf_model) -> TokenFlowModel:
         raise ValueError(f"model_type must be one of {_FULL_MODEL}, got {arch!r}")
     config = from_hf_config(hf_model.config)
     sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    ours = state_dict_from_hf(sd, config, arch)
+    ours = state_dict_from_hf(sd, config, arch,
+                              bool(getattr(hf_model.config, "rope_interleave", False)))
     p = next(hf_model.parameters())
     model = TokenFlowModel(config)
     missing, unexpected = model.load_state_dict(

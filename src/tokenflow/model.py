@@ -13,57 +13,41 @@ so weights map one-to-one onto Hugging Face modules (see ``tokenflow.interop``).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .attention import Attention, RotaryEmbedding, attention_mask_for
+from .attention import Attention
 from .config import ModelConfig
 from .ffn import FFN
-from .kv_cache import KVCache
+from .kv_cache import CacheStorage, KVCache, uncached_step
+from .mla import MLAttention
 from .moe import MoE
+from .norm import RMSNorm
+from .rope import RotaryEmbedding
 
 __all__ = ["RMSNorm", "DecoderBlock", "TokenFlowModel"]
 
 
-class RMSNorm(nn.Module):
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim ``H`` (Zhang & Sennrich 2019,
-    arXiv:1910.07467; computed in float32 as HF ``LlamaRMSNorm``)."""
-
-    def __init__(self, hidden_size: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``[..., H] -> [..., H]``."""
-        if x.dtype == torch.float32 and self.weight.dtype == torch.float32 \
-                and x.numel() <= 32768 and not torch.is_grad_enabled():
-            # Speed: one call instead of six ops for the small inputs of decode; in float32 it
-            # gives bit-identical results (tested). Large inputs (long prefills) are faster
-            # with the explicit form below on CPU, which training also keeps.
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
-
 class DecoderBlock(nn.Module):
-    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``; ``mlp`` is an
+    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``; ``attn`` is GQA
+    (:class:`~tokenflow.attention.Attention`) or MLA (:class:`~tokenflow.mla.MLAttention`,
+    when ``config.is_mla``); ``mlp`` is an
     :class:`~tokenflow.ffn.FFN` or an :class:`~tokenflow.moe.MoE` (``config.layer_is_moe``)."""
 
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer_idx)
+        self.self_attn = MLAttention(config, layer_idx) if config.is_mla else \
+            Attention(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.is_moe = config.layer_is_moe(layer_idx)
         self.mlp = MoE(config, layer_idx) if self.is_moe else FFN(config.hidden_size,
                                                                   config.intermediate_size)
 
-    def forward(self, h, cos, sin, mask, kv_cache=None, start=0, trace=None):
-        """``h [B,S,H] -> [B,S,H]`` (the residual stream after this block)."""
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, mask, kv_cache, start, trace)
+    def forward(self, h, cos, sin, step, kv_cache=None, trace=None):
+        """``h [B,S,H] -> [B,S,H]`` (the residual stream after this block); ``step`` is the
+        pass's :class:`~tokenflow.kv_cache.CacheStep`."""
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, step, kv_cache, trace)
         x = self.post_attention_layernorm(h)
         if self.is_moe:
             return h + self.mlp(x, trace)
@@ -114,6 +98,12 @@ class TokenFlowModel(nn.Module):
             bad = lo if lo < 0 else hi
             raise ValueError(f"input_ids must be in [0, vocab_size={c.vocab_size}), "
                              f"found token id {bad}")
+        if kv_cache is not None:
+            if not isinstance(kv_cache, CacheStorage):
+                raise TypeError(f"kv_cache must be a KVCache (a CacheStorage) or None, "
+                                f"got {type(kv_cache).__name__}")
+            p = self.embed_tokens.weight
+            kv_cache.check_model(c, p.dtype, p.device)
         past = kv_cache.length if kv_cache is not None else 0
         S = input_ids.shape[1]
         if past + S > c.max_position_embeddings:
@@ -155,9 +145,11 @@ class TokenFlowModel(nn.Module):
 
         Args:
             input_ids: ``[B,S]`` int64 token ids in ``[0, vocab_size)``.
-            kv_cache: a :class:`KVCache`; the new tokens' K/V are written after the cached
-                ones and attention reads all of them (prefill: empty cache and the whole
-                prompt; decode: ``S == 1``). ``None``: no cache, attend within ``input_ids``.
+            kv_cache: a :class:`KVCache` of this model's dtype and device; the new tokens'
+                K/V (MLA: latent and RoPE key) are written after the cached ones and attention
+                reads all of them (prefill: empty cache and the whole prompt; decode:
+                ``S == 1``; chunked prefill: the prompt in pieces, one call each).
+                ``None``: no cache, attend within ``input_ids``.
             trace: an optional :class:`~tokenflow.trace.Trace` that records arrow actions.
             attention_mask: ``[B,S]`` 1 for real tokens, 0 for left padding (default all 1).
                 RoPE positions count from each row's first real token.
@@ -167,26 +159,18 @@ class TokenFlowModel(nn.Module):
             logits ``[B, S, V]`` float (``[B, logits_to_keep, V]`` if given).
 
         Raises:
-            TypeError: input_ids not an integer tensor.
+            TypeError: input_ids not an integer tensor; kv_cache not a cache.
             ValueError: ids outside ``[0, vocab_size)``; cached + new tokens longer than
-                ``max_position_embeddings`` or the cache capacity; mask shape mismatch.
+                ``max_position_embeddings`` or the cache capacity; mask shape mismatch; a
+                cache of another dtype, device or model (naming both).
         """
         self._check_inputs(input_ids, kv_cache, attention_mask)
         B, S = input_ids.shape
-        if kv_cache is not None and attention_mask is None:                 # all tokens real
-            start, position_ids = kv_cache._reserve_all_real(B, S)          # [B, S]
-            valid = kv_cache.valid
-        elif kv_cache is not None:
-            start, position_ids = kv_cache.reserve(attention_mask)          # [B, S]
-            valid = kv_cache.valid
+        if kv_cache is not None:       # claim slots: positions, slots, mask (one descriptor)
+            step = kv_cache.begin_step(attention_mask, B, S)
         else:
-            if attention_mask is None:
-                attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
-            m = attention_mask.to(torch.long)
-            start, position_ids = 0, (torch.cumsum(m, dim=1) - 1).clamp(min=0)
-            valid = attention_mask.to(torch.bool)
-        mask = attention_mask_for(valid, start, S)                          # [B, 1, S, L]
-        cos, sin = self.rotary(position_ids)                                # [B, 1, S, D]
+            step = uncached_step(attention_mask, input_ids)
+        cos, sin = self.rotary(step.positions)                              # [B, 1, S, D]
 
         h = self.embed_tokens(input_ids)                                    # [B, S, H]
         if trace is not None:
@@ -196,7 +180,7 @@ class TokenFlowModel(nn.Module):
             if trace.keep_tensors:
                 trace.hidden_states.append(h.detach())
         for layer in self.layers:
-            h = layer(h, cos, sin, mask, kv_cache, start, trace)            # [B, S, H]
+            h = layer(h, cos, sin, step, kv_cache, trace)                   # [B, S, H]
             if trace is not None and trace.keep_tensors:
                 trace.hidden_states.append(h.detach())
         if logits_to_keep > 0:
