@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from ..generate import decode_step, prefill
+from ..generate import decode_step
 from ..kv_cache import KVCache
 from ..sampling import sample
 from .request import Request
@@ -103,7 +103,8 @@ class ContiguousKVStorage:
             self.num_recomputed_tokens += c.start - cache.length   # prefix-cache hit
             ids = torch.tensor([c.request.token_ids[cache.length:c.start + c.num_tokens]],
                                device=self.device)                      # [1, S]
-            out = prefill(self.model, ids, cache)                       # [1, V]
+            with torch.inference_mode():        # a chunk continues its cached sequence
+                out = self.model(ids, kv_cache=cache, logits_to_keep=1)[:, -1]  # [1, V]
             if c.samples:
                 logits[rid] = out[0]
         if decode_rows:
