@@ -199,11 +199,13 @@ def _layer(where: str) -> str:
     return m[1] if m else "-"
 
 
-def diagram_trace_table(trace: Trace, diagram: Diagram | None = None) -> str:
+def diagram_trace_table(trace: Trace, diagram: Diagram | None = None,
+                        layers=None) -> str:
     """``trace`` as a table whose first column is the diagram node of each row (its name as
     drawn), then the layer, the action, the input and output shapes and the bytes
     (:attr:`TraceEvent.nbytes`: the output tensor, or K and V read for ``read KV``,
     K and V written for ``write KV``). Fits in 90 columns for the tiny model.
+    ``layers``: show only the rows of these block indices (plus the rows outside blocks).
 
     Raises:
         ValueError: as :func:`node_of`, for an action with no node.
@@ -211,6 +213,8 @@ def diagram_trace_table(trace: Trace, diagram: Diagram | None = None) -> str:
     d = diagram or load_diagram()
     rows = [("#", "diagram node", "layer", "action", "in shape", "out shape", "bytes")]
     for i, e in enumerate(trace.events):
+        if layers is not None and _layer(e.where) not in ("-", *map(str, layers)):
+            continue
         rows.append((str(i), d.name(node_of(e)), _layer(e.where), e.action,
                      str(list(e.in_shape)), str(list(e.out_shape)), f"{e.nbytes:,}"))
     widths = [max(display_width(r[c]) for r in rows) for c in range(len(rows[0]))]
