@@ -192,3 +192,20 @@ def test_no_page_uses_a_cdn_for_scripts_or_styles(html_dir):
 def test_chapter0_shows_the_predicted_token(html_dir):
     text = (html_dir / f"{CHAPTER0}.html").read_text(encoding="utf-8")
     assert "都" in text
+
+
+def test_diagram_pages_draw_mermaid_from_a_local_file(html_dir):
+    """Chapters 00 and 06 show the token-flow diagram (src/tokenflow/data/token_flow.mmd) as a
+    <pre class="mermaid"> drawn by the vendored mermaid.min.js, which loads before require.js."""
+    for chapter in (CHAPTER0, "notebooks/06_big_picture"):
+        page = html_dir / f"{chapter}.html"
+        text = page.read_text(encoding="utf-8")
+        assert '<pre class="mermaid tokenflow-mermaid">' in text, f"{chapter}: no diagram"
+        assert "route top-k" in text and "project vocab" in text
+        srcs = [s["attrs"]["src"] for s in _parse(page).scripts if s["attrs"].get("src")]
+        names = [Path(urlsplit(u).path).name for u in srcs]
+        assert "mermaid.min.js" in names, f"{chapter}: mermaid.min.js not loaded"
+        url = srcs[names.index("mermaid.min.js")]
+        assert not _is_remote(url) and _resolve(page, url).stat().st_size > 1_000_000
+        if "require.js" in names:
+            assert names.index("mermaid.min.js") < names.index("require.js")

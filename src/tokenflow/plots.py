@@ -13,12 +13,12 @@ from matplotlib.patches import FancyBboxPatch
 
 from .trace import COLORS
 
-__all__ = ["say", "setup_notebook", "cjk_font", "token_flow_diagram", "topk_bar",
+__all__ = ["say", "setup_notebook", "cjk_font", "topk_bar",
            "hidden_state_heatmap", "residual_stream_plot", "attention_context_plot",
            "attention_head_heatmap", "shape_flow", "kv_cache_growth_plot",
            "vocab_scores", "temperature_curves", "sampling_bars", "frequency_bars", "sampling_panel",
            "moe_flow_diagram", "routing_heatmap", "dispatch_combine_diagram", "expert_load_bar",
-           "traffic_heatmap", "routing_load_plot", "moe_comm_bars"]
+           "traffic_heatmap", "routing_load_plot", "moe_comm_bars", "logit_lens_heatmap"]
 
 
 def cjk_font() -> str | None:
@@ -74,59 +74,6 @@ def setup_notebook(seed: int = 0, threads: int = 1) -> None:
 
 
 # --------------------------------------------------------------------- chapter 00
-_FLOW = [("token id", "token"), ("embedding\nlookup", "hidden"), ("hidden state\n[B,S,H]", "hidden"),
-         ("attention\nread/write KV", "hidden"), ("FFN or MoE\nroute top-k", "moe"),
-         ("final hidden\nstate [H]", "hidden"), ("LM head\n[H] -> [V]", "hidden"),
-         ("vocab logits\n[V]", "hidden"), ("sampling", "token"), ("next\ntoken id", "token")]
-
-
-def token_flow_diagram(labels: list[str] | None = None):
-    """The seed's line ``token id -> ... -> next token id`` as coloured boxes.
-
-    ``labels`` may replace the box texts (same length as the default, 10 boxes) to annotate
-    them with real shapes. The decode loop arrow (green) goes from the last box to the first.
-    """
-    items = list(_FLOW)
-    if labels is not None:
-        if len(labels) != len(items):
-            raise ValueError(f"labels must have {len(items)} entries, got {len(labels)}")
-        items = [(lab, kind) for lab, (_, kind) in zip(labels, items)]
-    # Snake layout, 5 boxes a row, so the figure stays readable at page width:
-    # row 1 left to right, then down, row 2 right to left; the decode loop (green) goes up
-    # the left side from "next token id" back to "token id".
-    n_row = 5
-    w, h, gap, vgap = 1.45, 0.9, 0.42, 0.75
-    fig, ax = plt.subplots(figsize=(9.5, 3.6))
-    pos = []
-    for i in range(len(items)):
-        r, c = divmod(i, n_row)
-        col = c if r == 0 else n_row - 1 - c
-        pos.append((col * (w + gap), -r * (h + vgap)))
-    for (text, kind), (x, y) in zip(items, pos):
-        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.03",
-                                    fc=COLORS[kind], ec="black", alpha=0.9))
-        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=10,
-                color="white" if kind != "moe" else "black")
-    for (x0, y0), (x1, y1) in zip(pos, pos[1:]):
-        if y0 == y1:
-            a, b = ((x0 + w, y0 + h / 2), (x1, y1 + h / 2)) if x1 > x0 else \
-                ((x0, y0 + h / 2), (x1 + w, y1 + h / 2))
-        else:
-            a, b = (x0 + w / 2, y0), (x1 + w / 2, y1 + h)
-        ax.annotate("", xy=b, xytext=a, arrowprops=dict(arrowstyle="->", lw=1.5))
-    (xs, ys), (xe, ye) = pos[0], pos[-1]
-    ax.annotate("", xy=(xs, ys + h / 2), xytext=(xe, ye + h / 2),
-                arrowprops=dict(arrowstyle="->", lw=1.8, color=COLORS["token"],
-                                connectionstyle="arc,angleA=180,angleB=180,armA=30,armB=30,rad=8"))
-    ax.text(xs - 0.55, (ys + ye + h) / 2, "decode loop:\nthe new token\ngoes back in",
-            ha="right", va="center", fontsize=9.5, color=COLORS["token"])
-    ax.set_xlim(-2.1, n_row * (w + gap))
-    ax.set_ylim(-(h + vgap) - 0.15, h + 0.15)
-    ax.axis("off")
-    fig.tight_layout()
-    return fig
-
-
 def topk_bar(tokens: list[str], values: list[float], highlight: int = 0,
              ylabel: str = "logit", title: str = ""):
     """Bar chart of candidate tokens; bar ``highlight`` in green (the chosen token)."""
@@ -868,3 +815,46 @@ def sampling_panel(logits, tokenizer, temperature: float = 1.0, top_k: int | Non
                          chosen=top.index(chosen) if chosen in top else None,
                          title=f"T={temperature}, top-k={top_k}, top-p={top_p}, "
                                f"min-p={min_p}")
+
+
+# --------------------------------------------------------------------- chapter 06 (F6)
+def logit_lens_heatmap(lens, tokenizer, tokens: list[str], batch: int = 0, title: str = ""):
+    """The logit lens as a grid: one row per depth (embedding, after block 0, ...), one column
+    per position; each cell names the top token read at that depth and position, shaded by
+    its probability (the book's hidden-state blue). Column ``s`` predicts the token after
+    ``tokens[s]``.
+
+    Args:
+        lens: ``[L+1, B, S, V]`` from :func:`tokenflow.lens.logit_lens`.
+        tokenizer: a :class:`~tokenflow.tokenizer.Tokenizer` (``id_to_token``).
+        tokens: the ``S`` input token strings. batch: which row of the batch.
+
+    Returns:
+        the ``matplotlib.figure.Figure``.
+
+    Raises:
+        ValueError: if ``lens`` is not 4-D or ``tokens`` has not ``S`` entries.
+    """
+    from matplotlib.colors import LinearSegmentedColormap
+    if getattr(lens, "dim", lambda: 0)() != 4:
+        raise ValueError(f"lens must be a [L+1, B, S, V] tensor, got {getattr(lens, 'shape', lens)}")
+    if len(tokens) != lens.shape[2]:
+        raise ValueError(f"tokens must have {lens.shape[2]} entries, got {len(tokens)}")
+    probs = lens[:, batch].float().softmax(-1)                         # [L+1, S, V]
+    top_p, top_i = probs.max(-1)                                       # [L+1, S]
+    depth_labels = ["embedding"] + [f"after block {i}" for i in range(lens.shape[0] - 1)]
+    cmap = LinearSegmentedColormap.from_list("tokenflow_lens", ["#ffffff", COLORS["hidden"]])
+    fig, ax = plt.subplots(figsize=(1.25 * len(tokens) + 2.6, 0.55 * lens.shape[0] + 1.5))
+    im = ax.imshow(top_p.numpy(), cmap=cmap, vmin=0, vmax=1, aspect="auto")
+    for (d, s), p in zip([(d, s) for d in range(top_p.shape[0]) for s in range(top_p.shape[1])],
+                         top_p.flatten().tolist()):
+        ax.text(s, d, f"{tokenizer.id_to_token(int(top_i[d, s]))}\n{p:.2f}", ha="center",
+                va="center", fontsize=9, color="white" if p > 0.6 else "black")
+    ax.set_xticks(range(len(tokens)), [f"{t} ->" for t in tokens])
+    ax.set_yticks(range(len(depth_labels)), depth_labels)
+    ax.set_xlabel("position (input token -> the token it predicts)")
+    fig.colorbar(im, ax=ax, fraction=0.03, pad=0.01, label="probability of the top token")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig

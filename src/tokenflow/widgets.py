@@ -12,7 +12,8 @@ __all__ = ["shape_controls",
            "tensor_table", "hidden_state_sizes", "size_table", "hidden_size_explorer", "residual_stream_summary",
            "residual_stream_explorer", "kv_cache_summary", "kv_cache_explorer", "attention_explorer",
            "sampling_controls", "sampling_explorer",
-           "moe_routing_summary", "moe_routing_explorer"]
+           "moe_routing_summary", "moe_routing_explorer",
+           "logit_lens_topk", "logit_lens_explorer", "decode_trace_summary", "decode_trace_explorer"]
 
 
 def shape_controls(batch=(1, 8, 1, 2), seq_len=(1, 64, 1, 5), experts=(2, 32, 2, 8)):
@@ -381,3 +382,68 @@ def sampling_explorer(logits, tokenizer, n: int = 12, seed: int = 0, **slider_sp
         import matplotlib.pyplot as plt
         plt.show()
     return widgets.interactive(show, **sampling_controls(**slider_specs))
+
+
+# --------------------------------------------------------------------- chapter 06 (F6)
+def logit_lens_topk(lens, tokenizer, depth: int, position: int, token_ids=(), k: int = 5,
+                    batch: int = 0) -> str:
+    """Text: the ``k`` most likely tokens read by the logit lens at ``depth`` (0 =
+    embedding, ``l`` = after block ``l-1``) and ``position``, then the rank and probability
+    of each of ``token_ids``.
+
+    Args:
+        lens: ``[L+1, B, S, V]`` from :func:`tokenflow.lens.logit_lens`.
+
+    Raises:
+        ValueError: if ``depth`` or ``position`` is out of range.
+    """
+    from .lens import token_rank
+    from .trace import pad
+    n_depth, _, S, _ = lens.shape
+    if not 0 <= depth < n_depth:
+        raise ValueError(f"depth must be in [0, {n_depth - 1}], got {depth}")
+    if not -S <= position < S:
+        raise ValueError(f"position must be in [{-S}, {S - 1}], got {position}")
+    logits = lens[depth, batch, position]                              # [V]
+    p = logits.float().softmax(-1)
+    name = "embedding" if depth == 0 else f"after block {depth - 1}"
+    lines = [f"depth {depth} ({name}), position {position % S}: top {k}"]
+    for r, i in enumerate(p.topk(k).indices.tolist(), 1):
+        lines.append(f"  {r}. {pad(tokenizer.id_to_token(i), 10)} {float(p[i]):.4f}")
+    for t in token_ids:
+        lines.append(f"  {pad(tokenizer.id_to_token(t), 10)} rank {int(token_rank(logits, t)):>4}"
+                     f"  p {float(p[t]):.4f}")
+    return "\n".join(lines)
+
+
+def logit_lens_explorer(lens, tokenizer, tokens: list[str], token_ids=()):
+    """Sliders for the depth and a dropdown for the position: prints
+    :func:`logit_lens_topk`. Returns an ``ipywidgets.interactive``."""
+    n_depth = lens.shape[0]
+
+    def show(depth, position):
+        print(logit_lens_topk(lens, tokenizer, depth, position, token_ids))
+    options = [(f"{i} {t}", i) for i, t in enumerate(tokens)]
+    return widgets.interactive(
+        show,
+        depth=widgets.IntSlider(value=n_depth - 1, min=0, max=n_depth - 1, description="depth",
+                                continuous_update=False),
+        position=widgets.Dropdown(options=options, value=len(tokens) - 1, description="position"))
+
+
+def decode_trace_summary(config, batch_size: int, seq_len: int, num_experts: int) -> str:
+    """The trace of a random-weight model of ``config`` with ``B``, ``S``, ``E`` changed
+    (:func:`tokenflow.trace.trace_shapes`), tied to the diagram nodes; blocks 0 and 1 only
+    (the others repeat block 1)."""
+    from .diagram import diagram_trace_table
+    from .trace import trace_shapes
+    trace = trace_shapes(config, batch_size, seq_len, num_experts=num_experts)
+    return diagram_trace_table(trace, layers=(0, 1))
+
+
+def decode_trace_explorer(config, **slider_specs):
+    """:func:`shape_controls` sliders (B, S, E) printing :func:`decode_trace_summary`.
+    Returns an ``ipywidgets.interactive``."""
+    def show(batch_size, seq_len, num_experts):
+        print(decode_trace_summary(config, batch_size, seq_len, num_experts))
+    return widgets.interactive(show, **shape_controls(**slider_specs))
