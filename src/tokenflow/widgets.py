@@ -381,3 +381,34 @@ def sampling_explorer(logits, tokenizer, n: int = 12, seed: int = 0, **slider_sp
         import matplotlib.pyplot as plt
         plt.show()
     return widgets.interactive(show, **sampling_controls(**slider_specs))
+
+
+# --------------------------------------------------------------------- chapter 05 (F5)
+__all__ += ["serving_explorer"]
+
+
+def serving_explorer(model, token_ids: list[int]):
+    """Sliders for :func:`tokenflow.plots.serving_panel`: requests (the batch that arrives
+    together), prompt length, output length, max running sequences and KV block size.
+    Settings past the model's positions print the error instead. Returns an
+    ``ipywidgets.interactive``."""
+    from .plots import serving_panel
+
+    def show(batch_size, prompt_len, output_len, max_num_seqs, block_size):
+        import matplotlib.pyplot as plt
+        try:
+            serving_panel(model, token_ids, batch_size, prompt_len, output_len, max_num_seqs,
+                          block_size)
+        except ValueError as e:
+            print(e)
+            return
+        plt.show()
+
+    def s(desc, lo, hi, val):
+        return widgets.IntSlider(value=val, min=lo, max=hi, description=desc,
+                                 continuous_update=False)
+    return widgets.interactive(
+        show, batch_size=s("requests", 1, 16, 8), prompt_len=s("prompt len", 1, 64, 16),
+        output_len=s("output len", 1, 64, 16), max_num_seqs=s("max seqs", 1, 16, 4),
+        block_size=widgets.Dropdown(options=[1, 2, 4, 8, 16, 32], value=16,
+                                    description="block size"))
