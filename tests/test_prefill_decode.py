@@ -201,3 +201,18 @@ def test_serving_panel_counts_by_hand(model, capsys):
     w = serving_explorer(model, list(range(4, 2000)))
     assert [c.description for c in w.children[:5]] == ["requests", "prompt len", "output len",
                                                         "max seqs", "block size"]
+
+
+def test_timeline_table_lists_every_request(model):
+    from tokenflow.widgets import timeline_table
+    engine = LLMEngine(model, num_blocks=32, block_size=4, max_num_seqs=1)
+    outs, arr = run_with_arrivals(engine, _prompts(2, [5, 7]),
+                                  SamplingParams(3, ignore_eos=True), [0, 0])
+    rows = request_timeline(engine, arr, outs)
+    lines = timeline_table(rows, outs).splitlines()
+    # one seat: request 1 waits the 3 steps of request 0, then prefills (TTFT 4 steps)
+    assert lines[1].split() == ["0", "5", "3", "0", "0", "1", "2"]
+    assert lines[2].split() == ["1", "7", "3", "0", "3", "4", "5"]
+    assert len(timeline_table(rows, outs, seconds=True).splitlines()) == 3
+    with pytest.raises(ValueError):
+        timeline_table(rows, outs[:1])
