@@ -14,18 +14,13 @@ from tokenflow.serving import (DECODE, PREFILL, WAIT, LLMEngine, SamplingParams,
                                mixed_workload, request_timeline, run_with_arrivals)
 from tokenflow.widgets import serving_explorer  # noqa: E402
 
-from conftest import random_model  # noqa: E402
+from conftest import wide_random_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def model():
-    m = random_model(seed=0)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.08)   # clear greedy choices
-    return m
+    """Random tiny MoE model with wide weights (clear greedy choices)."""
+    return wide_random_model(seed=0)
 
 
 def _prompts(n, lengths):

@@ -883,6 +883,17 @@ def _same_len(**lists) -> None:
         raise ValueError(f"{', '.join(lists)} must be non-empty and of the same length")
 
 
+def _ms_panel(ax, xs, series, xlabel: str, title: str) -> None:
+    """Draw ``series`` (``(seconds, style, colour, label)``) in ms against ``xs`` on ``ax``."""
+    for seconds, style, colour, label in series:
+        ax.plot(xs, [t * 1e3 for t in seconds], style, color=colour, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("ms")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=9)
+
+
 def phase_times_plot(lengths, prefill_s, contexts, cached_s, recompute_s, title: str = ""):
     """Two panels, times in ms: prefill time against prompt length (blue), and the time of
     the next token against the context length, one decode step with the KV cache (green)
@@ -894,22 +905,11 @@ def phase_times_plot(lengths, prefill_s, contexts, cached_s, recompute_s, title:
     _same_len(lengths=lengths, prefill_s=prefill_s)
     _same_len(contexts=contexts, cached_s=cached_s, recompute_s=recompute_s)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.4))
-    a1.plot(lengths, [t * 1e3 for t in prefill_s], "o-", color=COLORS["hidden"],
-            label="prefill [1, S]")
-    a1.set_xlabel("prompt length S (tokens)")
-    a1.set_ylabel("ms")
-    a1.set_title("prefill: one pass over the prompt", fontsize=10)
-    a1.legend(fontsize=9)
-    a2.plot(contexts, [t * 1e3 for t in recompute_s], "s--", color="#777777",
-            label="no cache: recompute [1, L+1]")
-    a2.plot(contexts, [t * 1e3 for t in cached_s], "o-", color=COLORS["token"],
-            label="decode step [1, 1] + cache")
-    a2.set_xlabel("context length L (tokens already seen)")
-    a2.set_ylabel("ms")
-    a2.set_title("next token: with vs without the KV cache", fontsize=10)
-    a2.legend(fontsize=9)
-    for a in (a1, a2):
-        a.set_ylim(bottom=0)
+    _ms_panel(a1, lengths, [(prefill_s, "o-", COLORS["hidden"], "prefill [1, S]")],
+              "prompt length S (tokens)", "prefill: one pass over the prompt")
+    _ms_panel(a2, contexts, [(recompute_s, "s--", "#777777", "no cache: recompute [1, L+1]"),
+                             (cached_s, "o-", COLORS["token"], "decode step [1, 1] + cache")],
+              "context length L (tokens already seen)", "next token: with vs without the KV cache")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
