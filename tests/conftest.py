@@ -20,6 +20,18 @@ def random_model(seed: int = 0, **overrides) -> TokenFlowModel:
     return TokenFlowModel(cfg).eval()
 
 
+def wide_random_model(seed: int = 0) -> TokenFlowModel:
+    """:func:`random_model` with matrices drawn wider (std 0.08) than the default init, so
+    greedy decoding makes clear choices (no near-ties that batching could flip)."""
+    m = random_model(seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.08)
+    return m
+
+
 @pytest.fixture
 def make_model():
     return random_model

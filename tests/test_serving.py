@@ -13,21 +13,15 @@ import torch
 from tokenflow import generate
 from tokenflow.serving import (BlockManager, LLMEngine, Request, SamplingParams, Scheduler)
 
-from conftest import random_model
+from conftest import wide_random_model
 
 BLOCK = 4
 
 
 @pytest.fixture(scope="module")
 def model():
-    """Random tiny MoE model, weights wider than the default init (clear greedy choices)."""
-    m = random_model(seed=0)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.08)
-    return m
+    """Random tiny MoE model with wide weights (clear greedy choices)."""
+    return wide_random_model(seed=0)
 
 
 def _ids(n, seed):

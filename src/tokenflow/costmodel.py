@@ -304,3 +304,88 @@ def moe_comm_bytes_per_token(config: ModelConfig, ep_size: int | None = None,
 def num_moe_layers(config: ModelConfig) -> int:
     """Number of decoder blocks whose feed-forward is MoE (``config.layer_is_moe``)."""
     return sum(config.layer_is_moe(i) for i in range(config.num_hidden_layers))
+
+
+# ---- Prefill vs decode (F5)
+# What one forward pass computes and what it must read: enough to place prefill and decode on
+# the roofline (Williams, Waterman and Patterson 2009: attainable FLOP/s = min(peak FLOP/s,
+# arithmetic intensity x memory bandwidth)). Chapter 05 uses them; a fuller cost model is [F7].
+
+__all__ += ["forward_flops", "forward_bytes", "expected_experts_touched"]
+
+
+def _norm_params(c: ModelConfig) -> int:
+    return (2 * c.num_hidden_layers + 1) * c.hidden_size      # two RMSNorms a block + final
+
+
+def forward_flops(config: ModelConfig, new_tokens: int, cached_tokens: int = 0,
+                  batch_size: int = 1) -> int:
+    """Matrix-multiply FLOPs of one forward pass: ``batch_size`` sequences, each feeding
+    ``new_tokens`` tokens on top of ``cached_tokens`` already in the KV cache.
+
+    ``2 * (active parameters - embedding - norms)`` per token (one multiply + one add per weight
+    a token uses: projections, the K routed + shared experts, router, LM head at every new
+    position) plus attention ``4 * layers * n_heads * head_dim * new_tokens * (cached_tokens +
+    new_tokens)`` per sequence (``Q K^T`` and ``weights @ V`` over every key, masked ones
+    included, as a plain non-causal kernel computes them; a causal kernel skips about half
+    of the prompt part). Prefill is ``new_tokens = S, cached_tokens = 0``; one decode step is
+    ``new_tokens = 1``. Elementwise work (norms, softmax, RoPE) is left out.
+
+    Raises:
+        ValueError: ``new_tokens`` or ``batch_size`` < 1, or ``cached_tokens`` < 0.
+    """
+    _check_count("new_tokens", new_tokens, 1)
+    _check_count("cached_tokens", cached_tokens, 0)
+    _check_count("batch_size", batch_size, 1)
+    c = config
+    per_token = 2 * (active_param_count(c, include_embedding=False) - _norm_params(c))
+    attn = 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * new_tokens * (
+        cached_tokens + new_tokens)
+    return batch_size * (per_token * new_tokens + attn)
+
+
+def expected_experts_touched(num_experts: int, top_k: int, num_tokens: int) -> float:
+    """Expected number of distinct experts that ``num_tokens`` tokens, each routed to
+    ``top_k`` of ``num_experts`` experts uniformly at random, use in one MoE layer:
+    ``E * (1 - (1 - K/E) ** T)`` (each expert is missed by one token with probability
+    ``1 - K/E``). ``K`` for one token, close to ``E`` for a large batch.
+
+    Raises:
+        ValueError: ``num_experts < 1``, ``top_k`` outside ``[1, num_experts]``,
+            ``num_tokens < 0``.
+    """
+    _check_count("num_experts", num_experts, 1)
+    _check_count("num_tokens", num_tokens, 0)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k must be an int in [1, num_experts={num_experts}], got {top_k!r}")
+    return num_experts * (1 - (1 - top_k / num_experts) ** num_tokens)
+
+
+def forward_bytes(config: ModelConfig, new_tokens: int, cached_tokens: int = 0,
+                  batch_size: int = 1, bytes_per_element: float = 2) -> float:
+    """Least bytes one forward pass moves to and from memory: every weight it uses read once
+    (shared by the whole batch), the KV cache read (``batch_size * cached_tokens`` tokens) and
+    the new K/V written (``batch_size * new_tokens`` tokens), at ``bytes_per_element`` each.
+
+    Weights: all parameters but the input embedding (one row per token is read, counted
+    here at ``H`` elements per token); in MoE layers only the routed experts the batch's
+    ``batch_size * new_tokens`` tokens are expected to touch
+    (:func:`expected_experts_touched`). Activations are left out (they stay in caches and
+    registers in a fused kernel), so this is a lower bound.
+
+    Raises:
+        ValueError: as :func:`forward_flops`, or ``bytes_per_element <= 0``.
+    """
+    _check_count("new_tokens", new_tokens, 1)
+    _check_count("cached_tokens", cached_tokens, 0)
+    _check_count("batch_size", batch_size, 1)
+    _check_bytes(bytes_per_element)
+    c, T = config, batch_size * new_tokens
+    weights = param_count(c) - (0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size)
+    if c.num_experts:
+        per_expert = _ffn_params(c.hidden_size, c.moe_intermediate_size)
+        unused = c.num_experts - expected_experts_touched(c.num_experts,
+                                                          c.num_experts_per_tok, T)
+        weights -= num_moe_layers(c) * unused * per_expert
+    kv = kv_cache_bytes_per_token(c, 1) * batch_size * (cached_tokens + new_tokens)
+    return (weights + T * c.hidden_size + kv) * bytes_per_element

@@ -447,3 +447,68 @@ def decode_trace_explorer(config, **slider_specs):
     def show(batch_size, seq_len, num_experts):
         print(decode_trace_summary(config, batch_size, seq_len, num_experts))
     return widgets.interactive(show, **shape_controls(**slider_specs))
+
+
+# --------------------------------------------------------------------- chapter 05 (F5)
+__all__ += ["serving_explorer"]
+
+
+def serving_explorer(model, token_ids: list[int]):
+    """Sliders for :func:`tokenflow.plots.serving_panel`: requests (the batch that arrives
+    together), prompt length, output length, max running sequences and KV block size.
+    Settings past the model's positions print the error instead. Returns an
+    ``ipywidgets.interactive``."""
+    from .plots import serving_panel
+
+    def show(batch_size, prompt_len, output_len, max_num_seqs, block_size):
+        import matplotlib.pyplot as plt
+        try:
+            serving_panel(model, token_ids, batch_size, prompt_len, output_len, max_num_seqs,
+                          block_size)
+        except ValueError as e:
+            print(e)
+            return
+        plt.show()
+
+    def s(desc, lo, hi, val):
+        return widgets.IntSlider(value=val, min=lo, max=hi, description=desc,
+                                 continuous_update=False)
+    return widgets.interactive(
+        show, batch_size=s("requests", 1, 16, 8), prompt_len=s("prompt len", 1, 64, 16),
+        output_len=s("output len", 1, 64, 16), max_num_seqs=s("max seqs", 1, 16, 4),
+        block_size=widgets.Dropdown(options=[1, 2, 4, 8, 16, 32], value=16,
+                                    description="block size"))
+
+
+__all__ += ["timeline_table"]
+
+
+def timeline_table(timelines, outputs, seconds: bool = False) -> str:
+    """One line per request of a served workload: prompt and generated tokens, then either
+    step counts from its :class:`tokenflow.serving.RequestTimeline` (arrival step, steps
+    waiting, time to first token in steps, last step), or, with ``seconds=True``, the
+    measured TTFT, TPOT and end-to-end latency of its ``RequestOutput`` in ms (these vary
+    from run to run).
+
+    Raises:
+        ValueError: if the two lists do not hold the same request ids.
+    """
+    out = {o.request_id: o for o in outputs}
+    if {r.request_id for r in timelines} - set(out):
+        raise ValueError("timelines and outputs must describe the same requests")
+    if seconds:
+        lines = [f"{'id':>3} {'prompt':>6} {'new':>4} {'TTFT ms':>8} {'TPOT ms':>8} "
+                 f"{'e2e ms':>8}"]
+        ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"   # noqa: E731
+    else:
+        lines = [f"{'id':>3} {'prompt':>6} {'new':>4} {'arrives':>7} {'waits':>5} "
+                 f"{'TTFT steps':>10} {'done at':>7}"]
+    for r in timelines:
+        o = out[r.request_id]
+        head = f"{str(r.request_id):>3} {len(o.prompt_token_ids):>6} {len(o.output_token_ids):>4}"
+        if seconds:
+            lines.append(f"{head} {ms(o.ttft):>8} {ms(o.tpot):>8} {ms(o.e2e_latency):>8}")
+        else:
+            lines.append(f"{head} {r.arrival:>7} {r.count('wait'):>5} {r.ttft_steps:>10} "
+                         f"{r.finish_step:>7}")
+    return "\n".join(lines)

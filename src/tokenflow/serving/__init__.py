@@ -9,7 +9,11 @@ from .block_manager import Block, BlockManager, chain_hash
 from .scheduler import ScheduledChunk, Scheduler, StepPlan
 from .runner import ContiguousKVStorage, ModelRunner
 from .engine import LLMEngine, StepRecord
+from .workload import (DECODE, PREFILL, WAIT, RequestTimeline, corpus_lines,
+                       mixed_workload, request_timeline, run_with_arrivals)
 
 __all__ = ["Request", "RequestOutput", "RequestStatus", "SamplingParams", "Block",
            "BlockManager", "chain_hash", "ScheduledChunk", "Scheduler", "StepPlan",
-           "ContiguousKVStorage", "ModelRunner", "LLMEngine", "StepRecord"]
+           "ContiguousKVStorage", "ModelRunner", "LLMEngine", "StepRecord",
+           "WAIT", "PREFILL", "DECODE", "RequestTimeline", "request_timeline",
+           "run_with_arrivals", "corpus_lines", "mixed_workload"]

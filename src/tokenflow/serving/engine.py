@@ -56,6 +56,8 @@ class LLMEngine:
             prefilled in chunks.
         enable_prefix_caching: reuse the blocks of a shared prompt prefix (bool).
         batch_decode: run the decode rows of a step as one batched forward (bool).
+        static_batching: admit a new batch only when the running one has finished (bool;
+            default False = continuous batching; see :class:`~.scheduler.Scheduler`).
 
     Attributes:
         scheduler, block_manager, runner: the three parts.
@@ -68,14 +70,16 @@ class LLMEngine:
 
     def __init__(self, model, num_blocks: int = 64, block_size: int = 16,
                  max_num_seqs: int = 8, max_num_batched_tokens: int = 256,
-                 enable_prefix_caching: bool = True, batch_decode: bool = True):
+                 enable_prefix_caching: bool = True, batch_decode: bool = True,
+                 static_batching: bool = False):
         for name, v in (("enable_prefix_caching", enable_prefix_caching),
                         ("batch_decode", batch_decode)):
             if not isinstance(v, bool):
                 raise ValueError(f"{name} must be a bool, got {v!r}")
         self.model = model
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,
+                                   static_batching)
         self.runner = ModelRunner(model, block_size, batch_decode=batch_decode)
         self.steps: list[StepRecord] = []
         self.outputs: dict[object, RequestOutput] = {}

@@ -15,6 +15,11 @@ nano-vllm's check/act pairs):
    ``allocate``; prefix-cache hits count as already computed). None is admitted in a step
    that preempted.
 
+With ``static_batching=True`` step 2 happens only in a step that starts with nothing running:
+a batch is formed, runs until its last request has finished, and only then is the next batch
+admitted (the way servers batched before continuous batching, Yu et al. 2022, Orca, OSDI).
+Finished requests still leave at once; their seats stay empty until the batch is done.
+
 After the runner has computed the plan, :meth:`Scheduler.update` advances the counts, appends
 the sampled tokens, finishes requests on end-of-sequence or ``max_new_tokens`` and frees
 their blocks.
@@ -73,17 +78,23 @@ class Scheduler:
         block_manager: the :class:`BlockManager` of the KV pool.
         max_num_seqs: most requests running at once (int >= 1).
         max_num_batched_tokens: token budget of one step (int >= 1).
+        static_batching: admit new requests only when no request runs (bool; default False,
+            continuous batching).
 
     Raises:
-        ValueError: a setting is not an int >= 1 (the message names it).
+        ValueError: a count is not an int >= 1, or ``static_batching`` not a bool (the
+            message names the setting).
     """
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int,
-                 max_num_batched_tokens: int):
+                 max_num_batched_tokens: int, static_batching: bool = False):
         for name, v in (("max_num_seqs", max_num_seqs),
                         ("max_num_batched_tokens", max_num_batched_tokens)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if not isinstance(static_batching, bool):
+            raise ValueError(f"static_batching must be a bool, got {static_batching!r}")
+        self.static_batching = static_batching
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -105,6 +116,7 @@ class Scheduler:
         nothing is waiting or running."""
         plan = StepPlan()
         budget = self.max_num_batched_tokens
+        may_admit = not (self.static_batching and self.running)
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -120,7 +132,7 @@ class Scheduler:
             plan.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n))
             budget -= n
             i += 1
-        if not plan.preempted:
+        if may_admit and not plan.preempted:
             self._admit(plan, budget)
         return plan
 
