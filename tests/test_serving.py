@@ -108,7 +108,7 @@ def test_all_blocks_back_in_free_list(run):
     bm = engine.block_manager
     assert sorted(bm.free_block_ids) == list(range(bm.num_blocks))
     assert all(b.ref_count == 0 for b in bm.blocks)
-    assert len(engine.runner.storage.caches) == 0
+    assert len(engine.runner.storage) == 0
     assert not engine.has_unfinished()
 
 
