@@ -14,7 +14,7 @@ filled slot to attend over. What an entry is depends on the attention kind
 
 Every entry tensor has the layout ``[B, heads, tokens, dim]``. A storage implements
 :class:`CacheStorage`; :class:`KVCache` is the contiguous one (gpt-fast's ``KVCache``, HF's
-``StaticCache``): per layer and entry one preallocated ``[B, heads, max_len, dim]`` tensor,
+``StaticCache``; its paged sibling is :mod:`tokenflow.paged_kv_cache`): per layer and entry one preallocated ``[B, heads, max_len, dim]`` tensor,
 slots ``[0, length)`` filled. ``valid[b, slot]`` says whether a filled slot holds a real token
 (False for left padding), and ``num_real[b]`` counts the real tokens of row ``b``, which is
 also the RoPE position of its next token.
@@ -92,8 +92,9 @@ class CacheStep:
 
     Attributes:
         start: slot of the first new token; the new tokens go to slots ``[start, start+S)``
-            of every row (a paged storage would add its slot mapping and block tables in a
-            subclass; layers only pass the step back to ``update``).
+            of every row (the paged storage adds its slot mapping in a subclass,
+            :class:`~tokenflow.paged_kv_cache.PagedCacheStep`; layers only pass the step back
+            to ``update``).
         positions: ``[B,S]`` int64 RoPE position of each new token (counted from the row's
             first real token; padding gets 0).
         mask: ``[B,1,S,L]`` bool, what each query may see (:func:`attention_mask_for`),

@@ -23,8 +23,9 @@ out right-aligned in ``L = max(cached + new)`` slots, as the contiguous cache do
 left padding, so the mask is :func:`~tokenflow.kv_cache.attention_mask_for` of the same
 ``valid [B, L]`` table; the new tokens are the last ``S`` slots. ``update`` writes the real
 new tokens to their pool slots (``slot_mapping``) and **gathers** each row's ``L`` slots
-through its block table into a ``[B, heads, L, dim]`` tensor. The gather copies the context
-once per layer; real engines read the blocks inside the attention kernel instead (vLLM's
+through its block table into a ``[B, heads, L, dim]`` tensor (one ``index_select`` on the
+pool viewed as rows of ``dim`` values, :func:`pool_rows`). The gather copies the context once
+per layer; real engines read the blocks inside the attention kernel instead (vLLM's
 paged-attention kernel, FlashInfer). Here readability wins: no custom kernel.
 
 Bytes per token (all layers) are the contiguous cache's; ``bytes_per_token()`` measured from
@@ -32,14 +33,14 @@ the pools equals :func:`tokenflow.costmodel.kv_cache_bytes_per_token` (tested).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .config import ModelConfig
 from .kv_cache import CacheStep, CacheStorage, attention_mask_for, cache_entries
 
-__all__ = ["PagedCacheStep", "PagedKVCache"]
+__all__ = ["PagedCacheStep", "PagedKVCache", "pool_rows"]
 
 
 @dataclass
@@ -52,11 +53,29 @@ class PagedCacheStep(CacheStep):
         is_new: ``[B, S]`` bool, the real new tokens (False for left padding).
         slot_mapping: ``[N]`` int64 pool slots of the ``N`` real new tokens, row by row (the
             order of ``x[is_new]``); vLLM's ``slot_mapping``.
+        rows: ``heads -> (read [B*heads*L], write [N*heads])``: ``slots`` and
+            ``slot_mapping`` as rows of a pool viewed as ``[num_blocks*heads*block_size,
+            dim]`` (:func:`pool_rows`), computed once per step for every layer.
     """
 
     slots: torch.Tensor = None
     is_new: torch.Tensor = None
     slot_mapping: torch.Tensor = None
+    rows: dict = field(default_factory=dict)
+
+
+def pool_rows(slots: torch.Tensor, heads: int, block_size: int) -> torch.Tensor:
+    """Row of each (slot, head) in a pool ``[num_blocks, heads, block_size, dim]`` viewed as
+    ``[num_blocks * heads * block_size, dim]``: ``block * heads * block_size + head *
+    block_size + offset``, with ``block, offset = divmod(slot, block_size)``.
+
+    Shape: ``slots [...]`` -> ``[..., heads]`` int64. With these rows one ``index_select``
+    reads (one ``index_copy_`` writes) whole ``dim`` vectors, over 10x faster on CPU than
+    indexing the 4-D pool with block and offset tensors.
+    """
+    head = torch.arange(heads, device=slots.device) * block_size                  # [heads]
+    first = (slots // block_size) * (heads * block_size) + slots % block_size     # [...]
+    return first[..., None] + head                                                 # [..., heads]
 
 
 class PagedKVCache(CacheStorage):
@@ -157,20 +176,26 @@ class PagedKVCache(CacheStorage):
         is_new = token[:, start:] >= self.num_real[:, None]               # [B, S]
         is_new &= valid[:, start:]
         self.num_real, self.length, self._tables, self._slots = total, L, None, slots
-        return PagedCacheStep(start, token[:, start:], attention_mask_for(valid, start, S),
+        step = PagedCacheStep(start, token[:, start:], attention_mask_for(valid, start, S),
                               slots, is_new, slots[:, start:][is_new])
+        for heads in {h for _, h, _ in self.entries}:
+            read = pool_rows(slots, heads, self.block_size).transpose(1, 2)   # [B, heads, L]
+            write = pool_rows(step.slot_mapping, heads, self.block_size)      # [N, heads]
+            step.rows[heads] = (read.reshape(-1), write.reshape(-1))
+        return step
 
     def update(self, layer_idx: int, step: PagedCacheStep, *new: torch.Tensor
                ) -> tuple[torch.Tensor, ...]:
         """See :meth:`CacheStorage.update`: write the real new tokens to
         ``step.slot_mapping``, then gather every row's ``L`` slots (``step.slots``)."""
-        bs = self.block_size
-        w_block, w_off = step.slot_mapping // bs, step.slot_mapping % bs  # [N]
-        r_block, r_off = step.slots // bs, step.slots % bs                # [B, L]
+        B, L = step.slots.shape
         out = []
         for pool, x in zip(self.layers[layer_idx], new):
-            pool[w_block, :, w_off] = x.transpose(1, 2)[step.is_new]      # [N, heads, dim]
-            out.append(pool[r_block, :, r_off].transpose(1, 2))           # [B, heads, L, dim]
+            _, heads, _, dim = pool.shape
+            read, write = step.rows[heads]
+            flat = pool.view(-1, dim)                        # [num_blocks*heads*bs, dim]
+            flat.index_copy_(0, write, x.transpose(1, 2)[step.is_new].reshape(-1, dim))
+            out.append(flat.index_select(0, read).view(B, heads, L, dim))  # [B, heads, L, dim]
         return tuple(out)
 
     def read(self, layer_idx: int, stop: int) -> tuple[torch.Tensor, ...]:
@@ -181,9 +206,12 @@ class PagedKVCache(CacheStorage):
         """
         if self._slots is None:
             raise ValueError("nothing to read: no step has run on this PagedKVCache")
-        bs, slots = self.block_size, self._slots[:, :stop]
-        return tuple(pool[slots // bs, :, slots % bs].transpose(1, 2)
-                     for pool in self.layers[layer_idx])
+        slots, out = self._slots[:, :stop], []                                # [B, stop]
+        for pool in self.layers[layer_idx]:
+            _, heads, _, dim = pool.shape
+            rows = pool_rows(slots, heads, self.block_size).transpose(1, 2)    # [B, heads, stop]
+            out.append(pool.view(-1, dim)[rows])                          # [B, heads, stop, dim]
+        return tuple(out)
 
     def reset(self) -> None:
         """See :meth:`CacheStorage.reset`: forget the prepared and the last step (the pools'
