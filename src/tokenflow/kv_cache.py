@@ -14,10 +14,11 @@ filled slot to attend over. What an entry is depends on the attention kind
 
 Every entry tensor has the layout ``[B, heads, tokens, dim]``. A storage implements
 :class:`CacheStorage`; :class:`KVCache` is the contiguous one (gpt-fast's ``KVCache``, HF's
-``StaticCache``; its paged sibling is :mod:`tokenflow.paged_kv_cache`): per layer and entry one preallocated ``[B, heads, max_len, dim]`` tensor,
-slots ``[0, length)`` filled. ``valid[b, slot]`` says whether a filled slot holds a real token
-(False for left padding), and ``num_real[b]`` counts the real tokens of row ``b``, which is
-also the RoPE position of its next token.
+``StaticCache``; its paged sibling is :mod:`tokenflow.paged_kv_cache`): per layer and entry
+one preallocated ``[B, heads, max_len, dim]`` tensor, slots ``[0, length)`` filled.
+``valid[b, slot]`` says whether a filled slot holds a real token (False for left padding),
+and ``num_real[b]`` counts the real tokens of row ``b``, which is also the RoPE position of
+its next token.
 
 Bytes per token (all layers): GQA ``2 * layers * n_kv * D * bytes``; MLA ``layers *
 (kv_lora_rank + qk_rope_head_dim) * bytes``; :func:`tokenflow.costmodel.kv_cache_bytes_per_token`
@@ -282,145 +283,6 @@ class KVCache(CacheStorage):
         for buf, x in zip(bufs, new):
             buf[:, :, start:end] = x
         return tuple(buf[:, :, :end] for buf in bufs)
-
-    def read(self, layer_idx: int, stop: int) -> tuple[torch.Tensor, ...]:
-        """The entries of slots ``[0, stop)`` of one layer (``[B, heads, stop, dim]`` each),
-        without writing."""
-        raise NotImplementedError
-
-    def reset(self) -> None:
-        """Forget every token (length 0), keeping the allocated memory."""
-        raise NotImplementedError
-
-    def nbytes(self) -> int:
-        """Bytes allocated for the entries across all layers."""
-        raise NotImplementedError
-
-    def bytes_per_token(self) -> int:
-        """Bytes one token occupies, all layers and entries; equals
-        :func:`tokenflow.costmodel.kv_cache_bytes_per_token` at this dtype."""
-        raise NotImplementedError
-
-    def check_model(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
-        """Raise ``ValueError`` unless a model with this config, parameter dtype and device can
-        use the cache (checked once per forward pass, before any layer runs)."""
-        if self.entries != cache_entries(config) or \
-                self.config.num_hidden_layers != config.num_hidden_layers:
-            raise ValueError(f"kv_cache was built for another model: it stores {self.entries} "
-                             f"x {self.config.num_hidden_layers} layers, the model needs "
-                             f"{cache_entries(config)} x {config.num_hidden_layers}")
-        if self.dtype != dtype:
-            raise ValueError(f"kv_cache dtype {self.dtype} does not match the model's "
-                             f"parameters ({dtype}); build the cache with dtype={dtype}")
-        if self.device != device:
-            raise ValueError(f"kv_cache device {self.device} does not match the model's "
-                             f"parameters ({device}); build the cache with device={device}")
-
-
-class KVCache(CacheStorage):
-    """Contiguous cache storage: preallocated per-layer entries for a batch of sequences.
-
-    Args:
-        config: the model config (layers; KV heads and head_dim, or the MLA ranks).
-        batch_size: B.
-        max_len: capacity in tokens per sequence (prompt + generated); defaults to
-            ``config.max_position_embeddings`` and may not exceed it.
-        dtype, device: storage dtype and device (must match the model's parameters).
-
-    Attributes:
-        k, v: GQA: lists of ``[B, n_kv, max_len, D]`` tensors, one per layer.
-        latent, k_rope: MLA: lists of ``[B, 1, max_len, kv_lora_rank]`` and
-            ``[B, 1, max_len, qk_rope_head_dim]`` tensors, one per layer.
-        length: slots filled so far (same for every row; padding fills slots too).
-        valid: ``[B, max_len]`` bool, True where a slot holds a real (non-pad) token.
-        num_real: ``[B]`` int64, real tokens per row (next RoPE position).
-
-    Raises:
-        ValueError: if ``batch_size < 1`` or ``max_len`` is outside
-            ``[1, max_position_embeddings]``.
-    """
-
-    def __init__(self, config: ModelConfig, batch_size: int, max_len: int | None = None,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-        if max_len is None:
-            max_len = config.max_position_embeddings
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if not isinstance(max_len, int) or not 1 <= max_len <= config.max_position_embeddings:
-            raise ValueError(
-                f"max_len must be in [1, max_position_embeddings="
-                f"{config.max_position_embeddings}], got {max_len!r}")
-        self.config, self.batch_size, self.max_len = config, batch_size, max_len
-        self.entries = cache_entries(config)
-        self.layers = [tuple(torch.zeros(batch_size, heads, max_len, dim, dtype=dtype,
-                                         device=device) for _, heads, dim in self.entries)
-                       for _ in range(config.num_hidden_layers)]
-        self.valid = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
-        self.num_real = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self.dtype, self.device = dtype, self.valid.device
-        self.length = 0
-
-    def _entry(self, name: str) -> list[torch.Tensor]:
-        names = [n for n, _, _ in self.entries]
-        if name not in names:
-            raise AttributeError(f"this cache stores {names}, not {name!r}")
-        i = names.index(name)
-        return [bufs[i] for bufs in self.layers]
-
-    k = property(lambda self: self._entry("k"), doc="GQA keys, one tensor per layer.")
-    v = property(lambda self: self._entry("v"), doc="GQA values, one tensor per layer.")
-    latent = property(lambda self: self._entry("latent"), doc="MLA latents, per layer.")
-    k_rope = property(lambda self: self._entry("k_rope"), doc="MLA RoPE keys, per layer.")
-
-    # ---------------------------------------------------------------- the interface
-    def begin_step(self, attention_mask: torch.Tensor | None, batch_size: int, S: int
-                   ) -> CacheStep:
-        """See :meth:`CacheStorage.begin_step`: the new tokens take slots
-        ``[length, length+S)``."""
-        if batch_size != self.batch_size:
-            raise ValueError(f"input batch size {batch_size} does not match the cache's "
-                             f"{self.batch_size}")
-        if self.length + S > self.max_len:
-            raise ValueError(
-                f"sequence too long for the KV cache: {self.length} cached + {S} new tokens > "
-                f"max_len={self.max_len}")
-        start = self.length
-        if attention_mask is None:                   # all real (the decode loop's case)
-            if S == 1:
-                positions = self.num_real[:, None].clone()                    # [B, 1]
-            else:
-                positions = self.num_real[:, None] + torch.arange(S, device=self.device)
-            self.valid[:, start:start + S] = True
-            self.num_real += S
-        else:
-            mask = attention_mask.to(torch.bool)
-            positions = self.num_real[:, None] + torch.cumsum(mask.long(), dim=1) - 1
-            positions = positions.clamp(min=0)                                 # [B, S]
-            self.valid[:, start:start + S] = mask
-            self.num_real += mask.long().sum(dim=1)
-        self.length += S
-        return CacheStep(start, positions, attention_mask_for(self.valid, start, S))
-
-    def update(self, layer_idx: int, step: CacheStep, *new: torch.Tensor
-               ) -> tuple[torch.Tensor, ...]:
-        """See :meth:`CacheStorage.update`: slots ``[step.start, step.start+S)``."""
-        bufs = self.layers[layer_idx]
-        start = step.start
-        end = start + new[0].shape[2]
-        for buf, x in zip(bufs, new):
-            buf[:, :, start:end] = x
-        return tuple(buf[:, :, :end] for buf in bufs)
-
-    # Compatibility for main's serving/runner.py (written before this interface): port it to
-    # begin_step / update / read, then delete these two.
-    def reserve(self, attention_mask: torch.Tensor) -> tuple[int, torch.Tensor]:
-        """Old name: ``begin_step(attention_mask, B, S)`` as ``(start, positions [B,S])``."""
-        step = self.begin_step(attention_mask, *attention_mask.shape)
-        return step.start, step.positions
-
-    def write(self, layer_idx: int, start: int, *new: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Old name: :meth:`update` at slot ``start`` (mask unused)."""
-        return self.update(layer_idx, CacheStep(start, None, None), *new)
 
     def read(self, layer_idx: int, stop: int) -> tuple[torch.Tensor, ...]:
         """See :meth:`CacheStorage.read`."""
