@@ -13,7 +13,7 @@ Prints three ratios, each measured in this one run (nothing here is asserted by 
 3. Continuous vs static batching throughput (target >= 1.5x) on a mixed workload (prompts of
    8-64 tokens; most requests want 8-24 new tokens, one in four wants 96-128): generated
    tokens per second of :class:`tokenflow.serving.LLMEngine` (``max_num_seqs`` seats refilled
-   as requests finish) against static batching (``generate`` on left-padded groups of
+   as requests finish; paged KV storage, ``--kv-storage contiguous`` for the other) against static batching (``generate`` on left-padded groups of
    ``max_num_seqs`` requests in arrival order, each group running until its longest request
    is done; only the tokens the requests asked for are counted).
 
