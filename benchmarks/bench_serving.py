@@ -13,7 +13,7 @@ Prints three ratios, each measured in this one run (nothing here is asserted by 
 3. Continuous vs static batching throughput (target >= 1.5x) on a mixed workload (prompts of
    8-64 tokens; most requests want 8-24 new tokens, one in four wants 96-128): generated
    tokens per second of :class:`tokenflow.serving.LLMEngine` (``max_num_seqs`` seats refilled
-   as requests finish) against static batching (``generate`` on left-padded groups of
+   as requests finish; paged KV storage, ``--kv-storage contiguous`` for the other) against static batching (``generate`` on left-padded groups of
    ``max_num_seqs`` requests in arrival order, each group running until its longest request
    is done; only the tokens the requests asked for are counted).
 
@@ -82,10 +82,12 @@ def static_batching(model, prompts, new, batch: int) -> float:
     return time.perf_counter() - t
 
 
-def continuous_batching(model, prompts, new, batch: int) -> tuple[float, dict]:
-    """Seconds to serve all requests with the engine (``batch`` seats), and its metrics."""
+def continuous_batching(model, prompts, new, batch: int, kv_storage: str = "paged"
+                        ) -> tuple[float, dict]:
+    """Seconds to serve all requests with the engine (``batch`` seats, ``kv_storage``
+    ``"paged"`` or ``"contiguous"``), and its metrics."""
     engine = LLMEngine(model, num_blocks=256, block_size=16, max_num_seqs=batch,
-                       max_num_batched_tokens=256)
+                       max_num_batched_tokens=256, kv_storage=kv_storage)
     params = [SamplingParams(n, ignore_eos=True) for n in new]
     t = time.perf_counter()
     outs = engine.run(prompts, params, use_tqdm=False)
@@ -100,6 +102,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8, help="max_num_seqs / static batch size")
     p.add_argument("--repeats", type=int, default=30, help="timed decode steps per context")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--kv-storage", default="paged", choices=["paged", "contiguous"],
+                   help="the engine's KV storage for ratio 3")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     print(machine().replace("torch.set_num_threads(2)", f"torch.set_num_threads({a.threads})"))
@@ -114,11 +118,12 @@ def main() -> None:
           f"{full * 1e3:.3f} ms; ratio = {full / cached:.1f}x (target >= 5x)")
 
     prompts, new = workload(a.requests)
-    continuous_batching(model, prompts[:2], new[:2], a.batch)             # warm-up
+    continuous_batching(model, prompts[:2], new[:2], a.batch, a.kv_storage)   # warm-up
     t_static = static_batching(model, prompts, new, a.batch)
-    t_cont, m = continuous_batching(model, prompts, new, a.batch)
+    t_cont, m = continuous_batching(model, prompts, new, a.batch, a.kv_storage)
     tokens = sum(new)
-    print(f"3. {a.requests} requests, {tokens} new tokens, {a.batch} seats: static "
+    print(f"3. {a.requests} requests, {tokens} new tokens, {a.batch} seats, {a.kv_storage} "
+          f"KV: static "
           f"{tokens / t_static:.0f} tok/s ({t_static:.2f} s), continuous "
           f"{tokens / t_cont:.0f} tok/s ({t_cont:.2f} s); ratio = {t_static / t_cont:.2f}x "
           f"(target >= 1.5x)")

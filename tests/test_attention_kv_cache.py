@@ -552,15 +552,3 @@ def test_check_runs_once_per_forward(make_model, monkeypatch):
     with torch.no_grad():
         prefill(model, torch.tensor([[3, 4, 5]]), cache)
     assert len(calls) == 1 and model.config.num_hidden_layers > 1
-
-
-def test_old_reserve_and_write_names_equal_the_interface():
-    cfg = preset("tiny")
-    a, b = KVCache(cfg, 2, 9), KVCache(cfg, 2, 9)
-    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
-    start, pos = a.reserve(mask)
-    step = b.begin_step(mask, 2, 3)
-    assert start == step.start and torch.equal(pos, step.positions)
-    k, v = torch.randn(2, 2, 3, 16), torch.randn(2, 2, 3, 16)
-    for x, y in zip(a.write(1, start, k, v), b.update(1, step, k, v)):
-        assert torch.equal(x, y)

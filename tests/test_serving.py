@@ -5,7 +5,8 @@ The reference for every request is :func:`tokenflow.generate` run on that reques
 (batch 1, whole prompt in one prefill, no preemption), with a fresh ``torch.Generator``
 seeded like the request. The workload forces chunked prefill (prompts longer than the token
 budget), preemption (a pool smaller than the requests' needs) and prefix-cache hits (a
-shared system prompt), and both decode paths (batched rows, one call per request).
+shared system prompt), for both storages (paged: one forward per step and shared prefix
+blocks; contiguous: a cache per request) and both batching modes.
 """
 import pytest
 import torch
@@ -62,13 +63,15 @@ BAD = [([], SamplingParams(4), "empty prompt"),
        ([5, 600], SamplingParams(4), "vocab_size")]
 
 
-@pytest.fixture(scope="module", params=["batched-decode", "per-request-decode"])
+@pytest.fixture(scope="module", params=["paged-batched", "paged-per-request",
+                                        "contiguous-batched", "contiguous-per-request"])
 def run(request, model):
     """(engine, prompts, params, outputs of the good requests, outputs of the bad ones)."""
     prompts, params = _workload(model)
-    batched = request.param == "batched-decode"
+    storage, mode = request.param.split("-", 1)
     engine = LLMEngine(model, num_blocks=20, block_size=BLOCK, max_num_seqs=3,
-                       max_num_batched_tokens=16, batch_decode=batched)
+                       max_num_batched_tokens=16, batch_decode=mode == "batched",
+                       kv_storage=storage)
     all_prompts = prompts[:3] + [b[0] for b in BAD] + prompts[3:]
     all_params = params[:3] + [b[1] for b in BAD] + params[3:]
     outs = engine.run(all_prompts, all_params, use_tqdm=False)
@@ -102,8 +105,17 @@ def test_all_blocks_back_in_free_list(run):
     bm = engine.block_manager
     assert sorted(bm.free_block_ids) == list(range(bm.num_blocks))
     assert all(b.ref_count == 0 for b in bm.blocks)
-    assert len(engine.runner.storage.caches) == 0
+    assert len(engine.runner.storage) == 0
     assert not engine.has_unfinished()
+
+
+def test_paged_storage_shares_prefix_hits_instead_of_recomputing(run):
+    engine = run[0]
+    recomputed = engine.metrics()["num_recomputed_tokens"]
+    if engine.runner.storage.__class__.__name__ == "PagedKVStorage":
+        assert recomputed == 0
+    else:
+        assert recomputed >= 12                         # the contiguous one recomputes them
 
 
 def test_bad_requests_rejected_alone(run):
@@ -130,7 +142,7 @@ def test_metrics_are_consistent(run):
 @pytest.mark.parametrize("name, value", [("num_blocks", 0), ("block_size", 0),
                                          ("max_num_seqs", 0), ("max_num_batched_tokens", -1),
                                          ("block_size", 2.5), ("enable_prefix_caching", "yes"),
-                                         ("batch_decode", 1)])
+                                         ("batch_decode", 1), ("kv_storage", "flat")])
 def test_bad_engine_settings_name_the_setting(model, name, value):
     with pytest.raises(ValueError, match=name):
         LLMEngine(model, **{name: value})
@@ -148,6 +160,56 @@ def test_unseeded_requests_get_different_generators(model):
     sp = SamplingParams(8, temperature=1.0)
     a, b = engine.run([[5, 6, 7], [5, 6, 7]], sp, use_tqdm=False)
     assert a.output_token_ids != b.output_token_ids
+
+
+# ------------------------------------------------------------------- cache variants
+def _recompute_greedy(model, prompt, n):
+    """Greedy tokens without any cache: the whole sequence through the model every step."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def _serve_late_arrivals(engine, prompts, sp):
+    """Add ``prompts[0]``, step once, add the rest, step to the end. Returns the outputs and,
+    per step, the block tables of the requests running after it."""
+    ids = [engine.add_request(prompts[0], sp)]
+    engine.step()
+    ids += [engine.add_request(p, sp) for p in prompts[1:]]
+    tables = []
+    while engine.has_unfinished():
+        engine.step()
+        tables.append({r.request_id: list(r.block_table) for r in engine.scheduler.running})
+    return [engine.outputs[i] for i in ids], tables
+
+
+@pytest.mark.parametrize("storage, prefix", [("contiguous", True), ("paged", True),
+                                             ("paged", False)])
+def test_greedy_tokens_identical_across_cache_variants(model, storage, prefix):
+    """Contiguous, paged (with and without shared prefix blocks) and recompute (no cache)
+    give the same greedy tokens. Requests 1-2 arrive while request 0, which shares their
+    12-token prefix, still runs: with the paged storage their block tables hold request 0's
+    first 3 physical blocks, and nothing is recomputed."""
+    system = _ids(12, 200)
+    prompts = [system + _ids(n, 210 + n) for n in (3, 6, 2)] + [_ids(9, 220)]
+    sp = SamplingParams(8, ignore_eos=True)
+    engine = LLMEngine(model, num_blocks=24, block_size=BLOCK, max_num_seqs=4,
+                       max_num_batched_tokens=64, enable_prefix_caching=prefix,
+                       kv_storage=storage)
+    outs, tables = _serve_late_arrivals(engine, prompts, sp)
+    assert [o.output_token_ids for o in outs] == [_recompute_greedy(model, p, 8) for p in prompts]
+    shared = [o.num_cached_tokens for o in outs[1:3]]
+    assert shared == ([12, 12] if prefix else [0, 0])
+    first = tables[0]
+    if prefix:
+        assert first[0][:3] == first[1][:3] == first[2][:3]     # same physical blocks
+    else:
+        assert not set(first[0]) & set(first[1])
+    recomputed = engine.metrics()["num_recomputed_tokens"]
+    assert recomputed == (24 if storage == "contiguous" else 0)
+    assert sorted(engine.block_manager.free_block_ids) == list(range(24))
 
 
 # ------------------------------------------------------------------- block manager

@@ -2,11 +2,12 @@
 
 Public API (stable names the chapters and tests use)::
 
-    ModelConfig, preset, load_pretrained, TokenFlowModel, KVCache, Trace,
+    ModelConfig, preset, load_pretrained, TokenFlowModel, KVCache, PagedKVCache, Trace,
     prefill, decode_step, generate, filter_logits, sample, Tokenizer
 """
 from .config import ModelConfig, PRESETS, preset
 from .kv_cache import KVCache
+from .paged_kv_cache import PagedKVCache
 from .trace import Trace, TraceEvent, COLORS
 from .model import TokenFlowModel
 from .sampling import filter_logits, sample
@@ -14,7 +15,7 @@ from .generate import prefill, decode_step, generate
 from .tokenizer import Tokenizer
 from .checkpoint import load_pretrained, load_model, save_model
 
-__all__ = ["ModelConfig", "PRESETS", "preset", "KVCache", "Trace", "TraceEvent", "COLORS",
-           "TokenFlowModel", "filter_logits", "sample", "prefill", "decode_step", "generate",
+__all__ = ["ModelConfig", "PRESETS", "preset", "KVCache", "PagedKVCache", "Trace", "TraceEvent",
+           "COLORS", "TokenFlowModel", "filter_logits", "sample", "prefill", "decode_step", "generate",
            "Tokenizer", "load_pretrained", "load_model", "save_model"]
 __version__ = "0.1.0"

@@ -14,10 +14,11 @@ filled slot to attend over. What an entry is depends on the attention kind
 
 Every entry tensor has the layout ``[B, heads, tokens, dim]``. A storage implements
 :class:`CacheStorage`; :class:`KVCache` is the contiguous one (gpt-fast's ``KVCache``, HF's
-``StaticCache``): per layer and entry one preallocated ``[B, heads, max_len, dim]`` tensor,
-slots ``[0, length)`` filled. ``valid[b, slot]`` says whether a filled slot holds a real token
-(False for left padding), and ``num_real[b]`` counts the real tokens of row ``b``, which is
-also the RoPE position of its next token.
+``StaticCache``; its paged sibling is :mod:`tokenflow.paged_kv_cache`): per layer and entry
+one preallocated ``[B, heads, max_len, dim]`` tensor, slots ``[0, length)`` filled.
+``valid[b, slot]`` says whether a filled slot holds a real token (False for left padding),
+and ``num_real[b]`` counts the real tokens of row ``b``, which is also the RoPE position of
+its next token.
 
 Bytes per token (all layers): GQA ``2 * layers * n_kv * D * bytes``; MLA ``layers *
 (kv_lora_rank + qk_rope_head_dim) * bytes``; :func:`tokenflow.costmodel.kv_cache_bytes_per_token`
@@ -92,8 +93,9 @@ class CacheStep:
 
     Attributes:
         start: slot of the first new token; the new tokens go to slots ``[start, start+S)``
-            of every row (a paged storage would add its slot mapping and block tables in a
-            subclass; layers only pass the step back to ``update``).
+            of every row (the paged storage adds its slot mapping in a subclass,
+            :class:`~tokenflow.paged_kv_cache.PagedCacheStep`; layers only pass the step back
+            to ``update``).
         positions: ``[B,S]`` int64 RoPE position of each new token (counted from the row's
             first real token; padding gets 0).
         mask: ``[B,1,S,L]`` bool, what each query may see (:func:`attention_mask_for`),
@@ -281,17 +283,6 @@ class KVCache(CacheStorage):
         for buf, x in zip(bufs, new):
             buf[:, :, start:end] = x
         return tuple(buf[:, :, :end] for buf in bufs)
-
-    # Compatibility for main's serving/runner.py (written before this interface): port it to
-    # begin_step / update / read, then delete these two.
-    def reserve(self, attention_mask: torch.Tensor) -> tuple[int, torch.Tensor]:
-        """Old name: ``begin_step(attention_mask, B, S)`` as ``(start, positions [B,S])``."""
-        step = self.begin_step(attention_mask, *attention_mask.shape)
-        return step.start, step.positions
-
-    def write(self, layer_idx: int, start: int, *new: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Old name: :meth:`update` at slot ``start`` (mask unused)."""
-        return self.update(layer_idx, CacheStep(start, None, None), *new)
 
     def read(self, layer_idx: int, stop: int) -> tuple[torch.Tensor, ...]:
         """See :meth:`CacheStorage.read`."""

@@ -7,13 +7,13 @@ tokens) -> scheduler.py (who computes what this step) -> runner.py (model calls,
 from .request import Request, RequestOutput, RequestStatus, SamplingParams
 from .block_manager import Block, BlockManager, chain_hash
 from .scheduler import ScheduledChunk, Scheduler, StepPlan
-from .runner import ContiguousKVStorage, ModelRunner
+from .runner import ContiguousKVStorage, ModelRunner, PagedKVStorage
 from .engine import LLMEngine, StepRecord
 from .workload import (DECODE, PREFILL, WAIT, RequestTimeline, corpus_lines,
                        mixed_workload, request_timeline, run_with_arrivals)
 
 __all__ = ["Request", "RequestOutput", "RequestStatus", "SamplingParams", "Block",
            "BlockManager", "chain_hash", "ScheduledChunk", "Scheduler", "StepPlan",
-           "ContiguousKVStorage", "ModelRunner", "LLMEngine", "StepRecord",
+           "ContiguousKVStorage", "PagedKVStorage", "ModelRunner", "LLMEngine", "StepRecord",
            "WAIT", "PREFILL", "DECODE", "RequestTimeline", "request_timeline",
            "run_with_arrivals", "corpus_lines", "mixed_workload"]

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from .block_manager import BlockManager
 from .request import Request, RequestOutput, SamplingParams
-from .runner import ModelRunner
+from .runner import ContiguousKVStorage, ModelRunner, PagedKVStorage
 from .scheduler import Scheduler
 
 __all__ = ["LLMEngine", "StepRecord"]
@@ -55,9 +55,13 @@ class LLMEngine:
         max_num_batched_tokens: token budget of one step (int >= 1); longer prompts are
             prefilled in chunks.
         enable_prefix_caching: reuse the blocks of a shared prompt prefix (bool).
-        batch_decode: run the decode rows of a step as one batched forward (bool).
+        batch_decode: run the chunks of a step as one batched forward (bool; the paged
+            storage batches prefill chunks and decode rows, the contiguous one decode rows).
         static_batching: admit a new batch only when the running one has finished (bool;
             default False = continuous batching; see :class:`~.scheduler.Scheduler`).
+        kv_storage: ``"paged"`` (default, :class:`~.runner.PagedKVStorage`: one block pool,
+            prefix blocks shared) or ``"contiguous"`` (:class:`~.runner.ContiguousKVStorage`:
+            a cache per request, prefix hits recomputed).
 
     Attributes:
         scheduler, block_manager, runner: the three parts.
@@ -71,16 +75,20 @@ class LLMEngine:
     def __init__(self, model, num_blocks: int = 64, block_size: int = 16,
                  max_num_seqs: int = 8, max_num_batched_tokens: int = 256,
                  enable_prefix_caching: bool = True, batch_decode: bool = True,
-                 static_batching: bool = False):
+                 static_batching: bool = False, kv_storage: str = "paged"):
         for name, v in (("enable_prefix_caching", enable_prefix_caching),
                         ("batch_decode", batch_decode)):
             if not isinstance(v, bool):
                 raise ValueError(f"{name} must be a bool, got {v!r}")
+        if kv_storage not in ("paged", "contiguous"):
+            raise ValueError(f"kv_storage must be 'paged' or 'contiguous', got {kv_storage!r}")
         self.model = model
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,
                                    static_batching)
-        self.runner = ModelRunner(model, block_size, batch_decode=batch_decode)
+        storage = PagedKVStorage(model, num_blocks, block_size, batch_decode) \
+            if kv_storage == "paged" else ContiguousKVStorage(model, batch_decode)
+        self.runner = ModelRunner(model, block_size, storage)
         self.steps: list[StepRecord] = []
         self.outputs: dict[object, RequestOutput] = {}
         self._new_outputs: list[RequestOutput] = []
@@ -207,7 +215,7 @@ class LLMEngine:
             ``throughput_tok_s`` (generated tokens / elapsed), ``mean_ttft_s``,
             ``mean_tpot_s``, ``mean_e2e_s`` (over finished requests), ``num_preemptions``,
             ``prefix_cache_hit_rate`` (hit / looked-up full blocks),
-            ``num_recomputed_tokens`` (prefix hits this storage recomputed).
+            ``num_recomputed_tokens`` (prefix hits the storage recomputed: 0 when paged).
         """
         done = [o for o in self.outputs.values() if o.finish_reason != "rejected"]
         elapsed = sum(s.seconds for s in self.steps)

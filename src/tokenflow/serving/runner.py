@@ -1,35 +1,117 @@
 """The runner: turns a step plan into model calls and sampled tokens. Never schedules.
 
-Two pieces:
+Three pieces:
 
-* :class:`ContiguousKVStorage`, the tensor storage of this phase: one contiguous
-  :class:`~tokenflow.KVCache` (batch 1, ``max_len`` = the request's block allocation,
-  ``ceil((prompt + max_new_tokens) / block_size) * block_size``) per running request.
-  Prefill chunks run one request per call (``prefill`` on its cache); decode rows of several
-  requests run as **one** batched call on a left-padded copy of their caches that is kept
-  while the same requests decode (the "decode group", see the class). Prefix-cache hits are **recomputed**: the
-  scheduler counts the cached tokens as computed (as it must for the paged storage, where
-  blocks are really shared), and this storage, which cannot share tensors between requests,
-  runs those tokens together with the request's first chunk (counted in
-  ``num_recomputed_tokens``). A later paged storage replaces this class with the same three
-  methods (``allocate``, ``free``, ``forward``) and reads the block tables instead.
+* :class:`PagedKVStorage`, the engine's default tensor storage: one
+  :class:`~tokenflow.PagedKVCache` (block pools) for all requests, addressed through the
+  block tables the block manager hands out. Every scheduled chunk of a step (prefill chunks
+  and decode rows alike) runs in **one** model forward: the chunks are left-padded into
+  ``input_ids [B, S_max]`` and the cache is told each row's block table, cached and new
+  token counts (:meth:`~tokenflow.PagedKVCache.prepare`). Prefix-cache hits are **shared**:
+  the cached blocks already hold the prefix's K/V, so a request starts computing after them
+  (``num_recomputed_tokens`` stays 0).
+* :class:`ContiguousKVStorage`, the simpler teaching version (``LLMEngine(...,
+  kv_storage="contiguous")``): one contiguous :class:`~tokenflow.KVCache` (batch 1,
+  ``max_len`` = the request's block allocation) per running request. Prefill chunks run one
+  request per call; decode rows of several requests run as one batched call on a left-padded
+  copy of their caches (the "decode group", see the class). It cannot share tensors between
+  requests, so prefix-cache hits are **recomputed** with the request's first chunk (counted
+  in ``num_recomputed_tokens``).
 * :class:`ModelRunner`: asks the storage for logits, then samples each request's token with
   its own parameters and its own seeded generator (:func:`tokenflow.sampling.sample`, the
   call :func:`tokenflow.generate` makes), so a request's tokens do not depend on its batch.
+
+Both storages have the same methods: ``allocate``, ``free``, ``forward(chunks)``,
+``num_computed``, ``in`` and ``len``.
 """
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.nn.functional as F
 
 from ..generate import decode_step
 from ..kv_cache import KVCache
+from ..paged_kv_cache import PagedKVCache
 from ..sampling import sample
 from .request import Request
 from .scheduler import ScheduledChunk, StepPlan
 
-__all__ = ["ContiguousKVStorage", "ModelRunner"]
+__all__ = ["PagedKVStorage", "ContiguousKVStorage", "ModelRunner"]
+
+
+class PagedKVStorage:
+    """All requests' K/V in one :class:`~tokenflow.PagedKVCache` (see the module docstring).
+
+    Args:
+        model: a :class:`~tokenflow.model.TokenFlowModel` (eval mode).
+        num_blocks, block_size: the pool, as in the :class:`~.block_manager.BlockManager`
+            whose block tables this storage reads.
+        batch_decode: run all chunks of a step as one forward (default) or one forward per
+            chunk (same results; for comparison).
+
+    Attributes:
+        cache: the :class:`~tokenflow.PagedKVCache`.
+        computed: ``request_id -> tokens whose K/V are in the request's blocks``.
+        num_recomputed_tokens: always 0 (prefix-cache hits are shared, not recomputed).
+    """
+
+    def __init__(self, model, num_blocks: int, block_size: int, batch_decode: bool = True):
+        self.model = model
+        self.batch_decode = batch_decode
+        p = next(model.parameters())
+        self.cache = PagedKVCache(model.config, num_blocks, block_size, p.dtype, p.device)
+        self.computed: dict[object, int] = {}
+        self.num_recomputed_tokens = 0
+
+    def allocate(self, request_id, max_len: int) -> None:
+        """Start tracking ``request_id`` (its blocks come from the block manager;
+        ``max_len`` is unused here)."""
+        self.computed[request_id] = 0
+
+    def free(self, request_id) -> None:
+        """Stop tracking the request (its blocks go back through the block manager)."""
+        self.computed.pop(request_id, None)
+
+    def __contains__(self, request_id) -> bool:
+        return request_id in self.computed
+
+    def __len__(self) -> int:
+        return len(self.computed)
+
+    def num_computed(self, request_id) -> int:
+        """Tokens whose K/V this request's blocks hold (prefix-cache hits included)."""
+        return self.computed[request_id]
+
+    @torch.inference_mode()
+    def forward(self, chunks: list[ScheduledChunk]) -> dict:
+        """Compute every chunk; return ``{request_id: logits [V]}`` for chunks that sample.
+
+        Raises:
+            KeyError: a chunk's request has no storage (call :meth:`allocate` first).
+        """
+        logits = {}
+        for group in [chunks] if self.batch_decode else [[c] for c in chunks]:
+            logits.update(self._run(group))
+        return logits
+
+    def _run(self, chunks: list[ScheduledChunk]) -> dict:
+        """One forward over ``chunks``: tokens ``[start, start + num_tokens)`` of each
+        request, left-padded to the longest; tokens before ``start`` are in the blocks."""
+        S, pad = max(c.num_tokens for c in chunks), self.model.config.pad_token_id
+        rows = [[pad] * (S - c.num_tokens) + c.request.token_ids[c.start:c.start + c.num_tokens]
+                for c in chunks]
+        missing = [c.request.request_id for c in chunks if c.request.request_id not in self]
+        if missing:
+            raise KeyError(f"requests {missing} hold no storage: call allocate() first")
+        self.cache.prepare([c.request.block_table for c in chunks], [c.start for c in chunks],
+                           [c.num_tokens for c in chunks])
+        ids = torch.tensor(rows, device=self.cache.device)                  # [B, S]
+        out = self.model(ids, kv_cache=self.cache, logits_to_keep=1)[:, -1]  # [B, V]
+        for c in chunks:
+            self.computed[c.request.request_id] = c.start + c.num_tokens
+        return {c.request.request_id: out[b] for b, c in enumerate(chunks) if c.samples}
 
 
 class ContiguousKVStorage:
@@ -76,6 +158,9 @@ class ContiguousKVStorage:
 
     def __contains__(self, request_id) -> bool:
         return request_id in self.caches
+
+    def __len__(self) -> int:
+        return len(self.caches)
 
     def num_computed(self, request_id) -> int:
         """Tokens whose K/V this storage holds for the request."""
@@ -127,11 +212,12 @@ class ContiguousKVStorage:
         room = min(c.max_len - c.length for c in caches)
         batch = KVCache(self.model.config, len(rids), L + room, dtype=self.dtype,
                         device=self.device)
-        batch.reserve(torch.tensor([[0] * (L - n) + [1] * n for n in lengths]))  # [B, L]
-        for b, (c, n) in enumerate(zip(caches, lengths)):               # row b: slots L-n..L
-            for layer in range(len(c.k)):
-                batch.k[layer][b, :, L - n:L] = c.k[layer][0, :, :n]    # [n_kv, n, D]
-                batch.v[layer][b, :, L - n:L] = c.v[layer][0, :, :n]
+        mask = torch.tensor([[0] * (L - n) + [1] * n for n in lengths])          # [B, L]
+        step = batch.begin_step(mask, len(rids), L)
+        for layer in range(self.model.config.num_hidden_layers):      # row b: slots L-n..L
+            rows = [[F.pad(e, (0, 0, L - n, 0)) for e in c.read(layer, n)]  # [1, heads, L, dim]
+                    for c, n in zip(caches, lengths)]
+            batch.update(layer, step, *(torch.cat(col) for col in zip(*rows)))  # [B, ., L, .]
         self._group, self._batch, self._group_start = rids, batch, L
 
     def _flush(self) -> None:
@@ -142,11 +228,11 @@ class ContiguousKVStorage:
         for b, rid in enumerate(self._group):
             if end == start:
                 break
-            c, n = self.caches[rid], self.caches[rid].length
-            c.reserve(torch.ones(1, end - start, dtype=torch.long))     # claim slots n..
-            for layer in range(len(c.k)):
-                c.write(layer, n, self._batch.k[layer][b:b + 1, :, start:end],
-                        self._batch.v[layer][b:b + 1, :, start:end])    # [1, n_kv, m, D]
+            c = self.caches[rid]
+            step = c.begin_step(None, 1, end - start)                   # claims slots n..
+            for layer in range(self.model.config.num_hidden_layers):
+                new = self._batch.read(layer, end)
+                c.update(layer, step, *(e[b:b + 1, :, start:end] for e in new))  # [1, ., m, .]
         self._group, self._batch = [], None
 
 
