@@ -239,7 +239,7 @@ def _deepseek_v3_fields(c: ModelConfig) -> dict:
                 topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
                 routed_scaling_factor=float(c.routed_scaling_factor),
                 first_k_dense_replace=c.first_k_dense_replace if moe else c.num_hidden_layers,
-                **mla)
+                num_nextn_predict_layers=c.num_nextn_predict_layers, **mla)
 
 
 from_hf_config = ModelConfig.from_hf_config
