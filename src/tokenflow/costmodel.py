@@ -445,7 +445,9 @@ def expected_remote_fraction(ep_size: int) -> float:
 
 def moe_comm_bytes_per_token(config: ModelConfig, ep_size: int | None = None,
                              dispatch_bytes_per_element: float = 2,
-                             combine_bytes_per_element: float = 2) -> dict:
+                             combine_bytes_per_element: float = 2,
+                             gpus_per_node: int | None = None,
+                             max_nodes_per_token: int | None = None) -> dict:
     """All-to-all bytes one token causes in one MoE layer: dispatch ``K * H * b_dispatch`` plus
     combine ``K * H * b_combine``, times the remote fraction.
 
@@ -456,9 +458,21 @@ def moe_comm_bytes_per_token(config: ModelConfig, ep_size: int | None = None,
         dispatch_bytes_per_element, combine_bytes_per_element: element sizes of the two
             directions (bf16: 2; a deployment may dispatch in fp8: 1).
 
+        gpus_per_node: with ``ep_size``, split the traffic into ``scale_out`` (between
+            nodes) and ``scale_up`` (inside a node) the DeepSeek-V3 way (report
+            arXiv:2412.19437 section 3.2.2): a token's hidden state crosses the network once
+            per remote *node* it goes to, then is forwarded inside that node. With
+            ``N = ep_size / gpus_per_node`` nodes and uniform routing the token reaches
+            ``n = min(N * (1 - (1 - 1/N)**K), max_nodes_per_token)`` nodes, ``n * (N-1)/N``
+            of them remote: ``scale_out = remote * H * b`` per direction. ``scale_up``: the
+            ``K * (G-1)/G`` pairs not on the GPU where the copy lands, ``* H * b``. An
+            expected value, not a schedule.
+        max_nodes_per_token: node-limited routing (DeepSeek-V3: 4); ``None``: no limit.
+
     Returns:
         dict with ``dispatch``, ``combine``, ``total`` (bytes per token per MoE layer) and
-        ``remote_fraction``.
+        ``remote_fraction``; with ``gpus_per_node`` also ``scale_out`` and ``scale_up``
+        (dispatch + combine bytes, per token per MoE layer) and ``nodes_per_token``.
 
     Raises:
         ValueError: dense config, bad ``ep_size`` or element sizes.
@@ -472,7 +486,28 @@ def moe_comm_bytes_per_token(config: ModelConfig, ep_size: int | None = None,
     pair = config.num_experts_per_tok * config.hidden_size
     d = pair * dispatch_bytes_per_element * f
     c = pair * combine_bytes_per_element * f
-    return {"dispatch": d, "combine": c, "total": d + c, "remote_fraction": f}
+    out = {"dispatch": d, "combine": c, "total": d + c, "remote_fraction": f}
+    if gpus_per_node is not None:
+        out.update(_node_limited_bytes(config, ep_size, gpus_per_node, max_nodes_per_token,
+                                       dispatch_bytes_per_element + combine_bytes_per_element))
+    return out
+
+
+def _node_limited_bytes(config: ModelConfig, ep_size, G: int, M, b: float) -> dict:
+    """Scale-out / scale-up bytes of :func:`moe_comm_bytes_per_token` (``b``: dispatch +
+    combine element bytes)."""
+    _check_count("gpus_per_node", G, 1)
+    if ep_size is None or ep_size % G and G % ep_size:
+        raise ValueError(f"ep_size ({ep_size}) must be a multiple or divisor of "
+                         f"gpus_per_node ({G})")
+    if M is not None:
+        _check_count("max_nodes_per_token", M, 1)
+    N, K, H = max(ep_size // G, 1), config.num_experts_per_tok, config.hidden_size
+    n = N * (1 - (1 - 1 / N) ** K)
+    n = min(n, M) if M is not None else n
+    G_used = min(G, ep_size)
+    return {"nodes_per_token": n, "scale_out": n * (N - 1) / N * H * b,
+            "scale_up": K * (G_used - 1) / G_used * H * b}
 
 
 def num_moe_layers(config: ModelConfig) -> int:
