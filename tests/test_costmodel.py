@@ -123,3 +123,178 @@ def test_forward_flops_and_bytes_reject_bad_counts(kwargs):
         forward_bytes(preset("tiny"), 1, bytes_per_element=0)
     with pytest.raises(ValueError, match="top_k"):
         expected_experts_touched(8, 9, 1)
+
+
+# ------------------------------------------------------------------ F9: real configs
+import math  # noqa: E402
+
+import transformers  # noqa: E402
+
+from tokenflow import ModelConfig  # noqa: E402
+from tokenflow.costmodel import (active_param_breakdown, kv_cache_bytes,  # noqa: E402
+                                 kv_cache_bytes_per_token, max_batch_size,
+                                 moe_comm_bytes_per_token, param_breakdown, reference_config,
+                                 reference_models, weight_bytes_per_device)
+from tokenflow.config import PRESETS  # noqa: E402
+
+
+def _published(text: str) -> float:
+    """"671B" / "46.7B" / "12.9B per token" / "1.6T" -> parameters."""
+    num, unit = text.split()[0][:-1], text.split()[0][-1]
+    return float(num) * {"B": 1e9, "T": 1e12}[unit]
+
+
+@pytest.mark.parametrize("name", ["DeepSeek-V3", "Mixtral-8x7B", "Llama-3-8B", "GPT-3-175B"])
+def test_published_totals_within_1_percent(name):
+    pub = reference_models()[name]["published"]
+    assert abs(param_count(reference_config(name)) / _published(pub["total"]) - 1) < 0.01
+
+
+@pytest.mark.parametrize("name", ["DeepSeek-V3", "Mixtral-8x7B"])
+def test_published_active_within_3_percent(name):
+    """Both publishers count the embedding and the LM head (DeepSeek README_WEIGHTS:
+    '36.7B including 0.9B for Embedding and 0.9B for the output Head')."""
+    pub = reference_models()[name]["published"]
+    got = active_param_count(reference_config(name), include_embedding=True,
+                             include_lm_head=True)
+    assert abs(got / _published(pub["activated"]) - 1) < 0.03
+
+
+def test_deepseek_v3_kv_and_mtp_by_hand():
+    raw = reference_models()["DeepSeek-V3"]["config"]
+    v3 = reference_config("DeepSeek-V3")
+    assert kv_cache_bytes_per_token(v3, 2) == 70_272 == \
+        raw["num_hidden_layers"] * (raw["kv_lora_rank"] + raw["qk_rope_head_dim"]) * 2
+    # README: MTP = 11.5B unique parameters besides the shared embedding and head
+    assert abs(param_breakdown(v3)["mtp"] / 11.5e9 - 1) < 0.02
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_param_count_equals_module_for_every_preset(name):
+    model = TokenFlowModel(preset(name))
+    assert param_count(model.config) == sum(p.numel() for p in model.parameters())
+
+
+_T = dict(vocab_size=96, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+          num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64)
+_MLA = dict(kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
+            moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
+            n_shared_experts=1, first_k_dense_replace=1, num_key_value_heads=4)
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True, mlp_bias=True)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=8, head_dim=16)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16, attention_bias=True)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                dict(num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(moe_intermediate_size=16, shared_expert_intermediate_size=32,
+                       num_experts=4, num_experts_per_tok=2, mlp_only_layers=[0])),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                       head_dim=16, mlp_only_layers=[0])),
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(_MLA, q_lora_rank=None)),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(_MLA, q_lora_rank=12, n_group=2, topk_group=1)),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16, sliding_window=8,
+                     layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel",
+             dict(vocab_size=96, n_embd=32, n_layer=3, n_head=4, n_positions=64,
+                  bos_token_id=1, eos_token_id=2)),
+}
+
+
+def _hf_model(family: str):
+    cfg_cls, model_cls, kw = FAMILIES[family]
+    base = {} if family == "gpt2" else _T
+    torch.manual_seed(0)
+    hf_cfg = getattr(transformers, cfg_cls)(**{**base, **kw})
+    return hf_cfg, getattr(transformers, model_cls)(hf_cfg)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_param_count_equals_hf_module_of_each_family(family):
+    """Total and active counts of a tiny real HF module of each family, from its
+    config.json dict alone (active: all parameters minus (E-K)/E of the routed experts,
+    found by module name)."""
+    hf_cfg, model = _hf_model(family)
+    cfg = ModelConfig.from_hf_config(hf_cfg.to_dict())
+    assert cfg.unsupported_fields == ()
+    assert param_count(cfg) == sum(p.numel() for p in model.parameters())
+    routed = sum(p.numel() for n, p in model.named_parameters()
+                 if ".experts." in n and "shared" not in n)
+    unused = routed * (cfg.num_experts - cfg.num_experts_per_tok) // max(cfg.num_experts, 1)
+    assert active_param_count(cfg) == sum(p.numel() for p in model.parameters()) - unused
+
+
+def test_breakdown_parts_add_up_and_name_the_families_extras():
+    b = param_breakdown(ModelConfig.from_hf_config(_hf_model("qwen2_moe")[0]))
+    assert b["total"] == sum(v for k, v in b.items() if k not in ("total", "mtp"))
+    # shared expert (3 * 32 * 32) plus its gate (32) in the two MoE layers
+    assert b["shared_experts"] == 2 * (3 * 32 * 32 + 32)
+    gpt2 = ModelConfig.from_hf_config(_hf_model("gpt2")[0])
+    assert (gpt2.norm_type, gpt2.position_embedding_type, gpt2.gated_mlp) == \
+        ("layernorm", "absolute", False)
+    a = active_param_breakdown(gpt2, include_embedding=False, include_lm_head=False)
+    assert a["embedding"] == a["lm_head"] == 0
+
+
+def test_unsupported_fields_raise_naming_them():
+    raw = dict(reference_models()["DeepSeek-V4-Flash"]["config"])
+    with pytest.raises(ValueError, match="o_groups"):
+        ModelConfig.from_hf_config(raw)
+    with pytest.raises(ValueError, match="sqrtsoftplus"):
+        ModelConfig.from_hf_config(raw)
+    d = _hf_model("llama")[0].to_dict()
+    with pytest.raises(ValueError, match="my_new_field"):
+        ModelConfig.from_hf_config({**d, "my_new_field": 3})
+    with pytest.raises(ValueError, match="model_type 'deepseek_v4'"):
+        ModelConfig.from_hf_config({**d, "model_type": "deepseek_v4"})
+    v4 = reference_config("DeepSeek-V4-Pro")          # shapes usable, counts refuse
+    assert "o_groups" in v4.unsupported_fields and v4.num_experts == 384
+    for count in (param_count, kv_cache_bytes_per_token):
+        with pytest.raises(ValueError, match="o_groups"):
+            count(v4)
+    with pytest.raises(ValueError, match="sliding_window"):
+        TokenFlowModel(preset("tiny", sliding_window=8))
+
+
+def test_rope_scaling_and_windows_are_kept():
+    hf_cfg, _ = _hf_model("gpt_oss")
+    cfg = ModelConfig.from_hf_config(hf_cfg.to_dict())
+    assert cfg.rope_scaling["rope_type"] == "yarn" and cfg.sliding_window == 8
+    assert [cfg.layer_is_sliding(i) for i in range(3)] == [True, False, True]
+    per_layer = 2 * 2 * 16 * 2                          # K and V, 2 heads of 16, bf16
+    # 100 tokens: the two sliding layers keep 8, the full one 100
+    assert kv_cache_bytes(cfg, 3, 100) == 3 * per_layer * (8 + 100 + 8)
+    assert kv_cache_bytes_per_token(cfg) == 3 * per_layer
+    mistral = ModelConfig.from_hf_config(_hf_model("mistral")[0])
+    assert kv_cache_bytes_per_token(mistral, context_len=80) == 3 * per_layer * 8 // 80
+
+
+def test_weights_per_device_and_max_batch_by_hand():
+    llama = reference_config("Llama-3-8B")
+    raw = reference_models()["Llama-3-8B"]["config"]
+    total = param_count(llama)
+    assert weight_bytes_per_device(llama)["total"] == 2 * total
+    kv_seq = 2 * raw["num_hidden_layers"] * raw["num_key_value_heads"] * raw["head_dim"] \
+        * 2 * 8192                                    # 1 GiB per 8,192-token sequence
+    assert max_batch_size(llama, 8192, 80e9) == math.floor((0.9 * 80e9 - 2 * total) / kv_seq)
+    assert kv_cache_bytes(llama, 1, 8192, tp_size=4) == kv_seq // 4
+    mix = reference_config("Mixtral-8x7B")
+    w1, w8 = weight_bytes_per_device(mix), weight_bytes_per_device(mix, ep_size=8)
+    assert math.isclose(w8["expert_parallel"] * 8, w1["expert_parallel"])
+    with pytest.raises(ValueError, match="ep_size"):
+        weight_bytes_per_device(mix, ep_size=3)
+
+
+def test_node_limited_all_to_all_by_hand():
+    v3 = reference_config("DeepSeek-V3")
+    m = moe_comm_bytes_per_token(v3, ep_size=64, gpus_per_node=8, max_nodes_per_token=4)
+    # 8 nodes, K = 8: 8 * (1 - (7/8)**8) = 5.25 expected nodes, capped at 4; 7/8 remote
+    assert m["nodes_per_token"] == 4
+    assert math.isclose(m["scale_out"], 4 * 7 / 8 * 7168 * (2 + 2))
+    one_node = moe_comm_bytes_per_token(v3, ep_size=8, gpus_per_node=8)
+    assert one_node["scale_out"] == 0 and math.isclose(one_node["scale_up"],
+                                                       8 * 7 / 8 * 7168 * 4)

@@ -17,6 +17,9 @@ from typing import Any
 __all__ = ["ModelConfig", "PRESETS", "preset"]
 
 _SCORING = ("softmax", "sigmoid")
+_NORMS = ("rmsnorm", "layernorm")
+_POSITIONS = ("rope", "absolute")
+_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass
@@ -65,6 +68,31 @@ class ModelConfig:
             ``"llama3"``, ``"yarn"``) and that type's keys, as in HF ``rope_parameters``
             without ``rope_theta`` (see :mod:`tokenflow.rope`).
 
+    Fields of other families (counted by :mod:`tokenflow.costmodel`; the shared model builds
+    only their defaults, :meth:`fields_not_built` lists the rest):
+        attention_bias: bias on ``q/k/v_proj`` (HF Llama/Qwen3/gpt-oss ``attention_bias``,
+            Qwen2 always, GPT-2 ``c_attn``). attention_out_bias: bias on ``o_proj``.
+        qk_norm: an RMSNorm ``[D]`` on each query and key head (Qwen3 ``q_norm``/``k_norm``).
+        attention_sinks: one learned logit per query head (gpt-oss ``sinks``).
+        sliding_window: W, tokens a sliding-window layer attends to (and caches).
+        layer_types: per layer ``"full_attention"`` or ``"sliding_attention"`` (HF
+            ``layer_types``); ``None``: every layer sliding when ``sliding_window`` is set
+            (Mistral), else every layer full.
+        gated_mlp: FFN is SwiGLU (gate, up, down); ``False``: two matrices and GELU (GPT-2/3).
+        mlp_bias: biases on the FFN and expert matrices (gpt-oss experts, GPT-2, Llama
+            ``mlp_bias``).
+        norm_type: ``"rmsnorm"`` (weight) or ``"layernorm"`` (weight and bias, GPT-2/3).
+        position_embedding_type: ``"rope"`` or ``"absolute"`` (a learned table
+            ``[max_position_embeddings, H]``, GPT-2/3).
+        router_bias: the router has a bias ``[E]`` (gpt-oss).
+        shared_expert_gate: a ``Linear(H, 1)`` sigmoid gate on the shared expert (Qwen2-MoE).
+        moe_layer_freq: layer ``i >= first_k_dense_replace`` is MoE when
+            ``i % moe_layer_freq == 0`` (DeepSeek-V2/V3 ``moe_layer_freq``).
+        num_nextn_predict_layers: DeepSeek-V3 multi-token-prediction modules (not part of the
+            main model; counted apart by :func:`tokenflow.costmodel.param_breakdown`).
+        unsupported_fields: names of HF fields dropped by ``from_hf_config(...,
+            allow_unsupported=True)``; every count that could depend on them refuses.
+
     Raises:
         ValueError: on any inconsistent field, naming the field and the allowed range.
         TypeError: when an integer field is not an int.
@@ -100,9 +128,28 @@ class ModelConfig:
     qk_nope_head_dim: int | None = None
     v_head_dim: int | None = None
     rope_scaling: dict | None = None
+    attention_bias: bool = False
+    attention_out_bias: bool = False
+    qk_norm: bool = False
+    attention_sinks: bool = False
+    sliding_window: int | None = None
+    layer_types: tuple | None = None
+    gated_mlp: bool = True
+    mlp_bias: bool = False
+    norm_type: str = "rmsnorm"
+    position_embedding_type: str = "rope"
+    router_bias: bool = False
+    shared_expert_gate: bool = False
+    moe_layer_freq: int = 1
+    num_nextn_predict_layers: int = 0
+    unsupported_fields: tuple = ()
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.layer_types, list):
+            self.layer_types = tuple(self.layer_types)
+        if isinstance(self.unsupported_fields, list):
+            self.unsupported_fields = tuple(self.unsupported_fields)
         if self.head_dim is None and self.kv_lora_rank is not None:
             self.head_dim = self.qk_rope_head_dim          # HF DeepseekV3Config's convention
         if self.head_dim is None:
@@ -123,7 +170,8 @@ class ModelConfig:
                     "num_key_value_heads", "head_dim", "intermediate_size",
                     "moe_intermediate_size", "max_position_embeddings", "n_group", "topk_group"]
         ints_ge0 = ["num_experts", "num_experts_per_tok", "num_shared_experts",
-                    "first_k_dense_replace"]
+                    "first_k_dense_replace", "num_nextn_predict_layers"]
+        ints_ge1.append("moe_layer_freq")
         for name in ints_ge1 + ints_ge0:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
@@ -161,6 +209,7 @@ class ModelConfig:
         if self.rms_norm_eps <= 0:
             raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
         self._validate_rope_scaling()
+        self._validate_structure()
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             v = getattr(self, name)
             if not 0 <= v < self.vocab_size:
@@ -185,6 +234,31 @@ class ModelConfig:
             raise ValueError(f"head_dim must equal qk_rope_head_dim for MLA (the rotated slice, "
                              f"as in HF DeepseekV3Config), got head_dim={self.head_dim}, "
                              f"qk_rope_head_dim={self.qk_rope_head_dim}")
+
+    def _validate_structure(self) -> None:
+        for name in ("attention_bias", "attention_out_bias", "qk_norm", "attention_sinks",
+                     "gated_mlp", "mlp_bias", "router_bias", "shared_expert_gate"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        for name, allowed in (("norm_type", _NORMS), ("position_embedding_type", _POSITIONS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        w = self.sliding_window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise ValueError(f"sliding_window must be None or an int >= 1, got {w!r}")
+        lt = self.layer_types
+        if lt is not None:
+            if len(lt) != self.num_hidden_layers or not set(lt) <= set(_LAYER_TYPES):
+                raise ValueError(f"layer_types must list {self.num_hidden_layers} values from "
+                                 f"{_LAYER_TYPES}, got {list(lt)!r}")
+            if "sliding_attention" in lt and w is None:
+                raise ValueError("sliding_window must be set when layer_types has "
+                                 "'sliding_attention' layers")
+        if self.is_mla and (self.attention_bias or self.attention_out_bias):
+            raise ValueError("attention_bias is not modelled for MLA attention")
+        if not isinstance(self.unsupported_fields, tuple):
+            raise TypeError(f"unsupported_fields must be a tuple of field names, got "
+                            f"{self.unsupported_fields!r}")
 
     def _validate_rope_scaling(self) -> None:
         s = self.rope_scaling
@@ -219,8 +293,26 @@ class ModelConfig:
         return self.num_experts > 0 and self.first_k_dense_replace < self.num_hidden_layers
 
     def layer_is_moe(self, layer_idx: int) -> bool:
-        """True when decoder block ``layer_idx`` uses the MoE feed-forward."""
-        return self.num_experts > 0 and layer_idx >= self.first_k_dense_replace
+        """True when decoder block ``layer_idx`` uses the MoE feed-forward: ``num_experts > 0``,
+        ``layer_idx >= first_k_dense_replace`` and ``layer_idx % moe_layer_freq == 0``
+        (DeepSeek-V2's rule)."""
+        return self.num_experts > 0 and layer_idx >= self.first_k_dense_replace and \
+            layer_idx % self.moe_layer_freq == 0
+
+    def layer_is_sliding(self, layer_idx: int) -> bool:
+        """True when decoder block ``layer_idx`` attends to (and caches) only the last
+        ``sliding_window`` tokens."""
+        if self.layer_types is not None:
+            return self.layer_types[layer_idx] == "sliding_attention"
+        return self.sliding_window is not None
+
+    def fields_not_built(self) -> list[str]:
+        """Fields whose value the shared model's modules do not build (they are for the cost
+        model): non-default structure fields and any ``unsupported_fields``.
+        :class:`~tokenflow.model.TokenFlowModel` refuses a config with any."""
+        out = [f.name for f in dataclasses.fields(self) if f.name in _COST_ONLY
+               and getattr(self, f.name) != f.default]
+        return out + list(self.unsupported_fields)
 
     def replace(self, **changes: Any) -> "ModelConfig":
         """A validated copy with some fields changed (``head_dim`` is re-derived if not given)."""
@@ -245,116 +337,40 @@ class ModelConfig:
         return cls(**d)
 
     @classmethod
-    def from_hf_config(cls, hf: Any, **overrides: Any) -> "ModelConfig":
+    def from_hf_config(cls, hf: Any, *, allow_unsupported: bool = False,
+                       **overrides: Any) -> "ModelConfig":
         """Build a config from a Hugging Face ``config.json`` dict or ``transformers`` config.
 
-        The one parser of HF configs (``tokenflow.interop.from_hf_config`` is this function).
-        Understands Llama / Mistral (dense), Mixtral (``num_local_experts``), Qwen2-MoE
-        (``num_experts``; ``shared_expert_intermediate_size`` as a multiple of
-        ``moe_intermediate_size``; ``mlp_only_layers`` as the first dense layers) and
-        DeepSeek-V3 (``n_routed_experts``, ``n_shared_experts``, ``scoring_func``, ``n_group``;
-        MLA when ``kv_lora_rank`` is given). RoPE: ``rope_theta`` at the top level or inside
-        ``rope_parameters`` (transformers 5) / ``rope_scaling`` (older files), whose
-        ``rope_type`` (or legacy ``type``) may be default, linear, llama3 or yarn. Special
-        token ids: a list of EOS ids keeps the first; a missing id becomes 0. Fields with no
-        meaning in the source family get canonical values (a dense config gets
-        ``moe_intermediate_size = intermediate_size``).
+        The one parser of HF configs (``tokenflow.interop.from_hf_config`` is this function;
+        the reading itself is :func:`tokenflow.hf_config.parse_hf_config`). Families
+        (``model_type``): llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe,
+        deepseek_v2, deepseek_v3, gpt_oss, gpt2 (GPT-2/GPT-3 style); a dict without
+        ``model_type`` is read with HF's Llama field names. Every field that changes
+        parameter counts, KV-cache bytes or FLOPs is kept (RoPE scaling, sliding windows,
+        biases, shared expert gate, ...); metadata and training knobs are ignored.
+
+        Args:
+            hf: the ``config.json`` dict or a ``transformers.PretrainedConfig``.
+            allow_unsupported: ``False`` (default) raises on a field we cannot express;
+                ``True`` drops it and records its name in ``unsupported_fields`` (counts
+                then refuse, shapes and routing fields stay usable).
+            overrides: fields to set on the result.
 
         Raises:
-            ValueError: a RoPE type we do not implement (naming ``rope_type``), MLA head dims
-                that do not add up (``qk_head_dim``), a Qwen2-MoE shared expert width that is
-                not a multiple of ``moe_intermediate_size``, MoE layers that are not "the first
-                k dense, the rest MoE", or an inconsistent resulting config.
+            ValueError: a field or value we cannot express, naming it (e.g. DeepSeek-V4's
+                ``o_groups``, ``rope_type 'dynamic'``, ``decoder_sparse_step``), or an
+                inconsistent resulting config.
         """
+        from .hf_config import parse_hf_config
         d = dict(hf.to_dict() if hasattr(hf, "to_dict") else hf)
-        g = d.get
-        n_heads, hidden = g("num_attention_heads"), g("hidden_size")
-        experts = g("num_local_experts") or g("n_routed_experts") or g("num_experts") or 0
-        arch = g("architectures")
-        arch = arch[0] if isinstance(arch, list) and arch else ""
-        mixtral_like = "num_local_experts" in d or "Mixtral" in arch
-        kw = dict(
-            vocab_size=g("vocab_size"), hidden_size=hidden,
-            num_hidden_layers=g("num_hidden_layers"), num_attention_heads=n_heads,
-            num_key_value_heads=g("num_key_value_heads") or n_heads,
-            head_dim=g("head_dim") or (None if g("kv_lora_rank") else hidden // n_heads),
-            intermediate_size=g("intermediate_size"),
-            moe_intermediate_size=g("moe_intermediate_size") or g("intermediate_size"),
-            num_experts=int(experts),
-            num_experts_per_tok=(g("num_experts_per_tok") or 2) if experts else 0,
-            num_shared_experts=(g("n_shared_experts") or 0) if experts else 0,
-            first_k_dense_replace=g("first_k_dense_replace") or 0,
-            scoring_func=g("scoring_func") or ("sigmoid" if g("model_type") == "deepseek_v3"
-                                               else "softmax"),   # HF's V3 router: sigmoid
-            norm_topk_prob=True if mixtral_like else bool(g("norm_topk_prob", False)),
-            routed_scaling_factor=float(g("routed_scaling_factor") or 1.0),
-            n_group=g("n_group") or 1, topk_group=g("topk_group") or 1,
-            max_position_embeddings=g("max_position_embeddings") or 2048,
-            rms_norm_eps=float(g("rms_norm_eps") or 1e-6),
-            tie_word_embeddings=bool(g("tie_word_embeddings", False)))
-        kw.update(_rope_from_hf(d), **_mla_from_hf(d), **_qwen2_moe_from_hf(d),
-                  **_special_tokens_from_hf(d))
+        kw = parse_hf_config(d, allow_unsupported=allow_unsupported)
         kw.update(overrides)
         return cls(**kw)
 
 
-def _rope_from_hf(d: dict) -> dict:
-    """``rope_theta`` and ``rope_scaling`` from either spelling of HF's RoPE settings."""
-    rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
-    theta = rope.pop("rope_theta", None) or d.get("rope_theta") or 10000.0
-    kind = rope.pop("rope_type", None) or rope.pop("type", None) or "default"
-    rope.pop("type", None)
-    if rope.pop("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError("partial_rotary_factor != 1 is not implemented (rope_parameters)")
-    from .rope import ROPE_TYPES
-    if kind not in ROPE_TYPES:
-        raise ValueError(f"rope_type {kind!r} is not implemented (supported: "
-                         f"{sorted(ROPE_TYPES)})")
-    if kind in ("llama3", "yarn"):           # HF's default (standardize_rope_params)
-        rope.setdefault("original_max_position_embeddings", d.get("max_position_embeddings"))
-    scaling = None if kind == "default" else {"rope_type": kind, **rope}
-    return dict(rope_theta=float(theta), rope_scaling=scaling)
-
-
-def _mla_from_hf(d: dict) -> dict:
-    """The MLA fields of a DeepSeek-V2/V3 config (empty for other families)."""
-    if d.get("kv_lora_rank") is None:
-        return {}
-    names = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
-             "v_head_dim")
-    out = {n: d.get(n) for n in names}
-    qk = d.get("qk_head_dim")
-    if qk is not None and out["qk_nope_head_dim"] is not None \
-            and out["qk_rope_head_dim"] is not None \
-            and qk != out["qk_nope_head_dim"] + out["qk_rope_head_dim"]:
-        raise ValueError(f"qk_head_dim ({qk}) must equal qk_nope_head_dim + qk_rope_head_dim "
-                         f"({out['qk_nope_head_dim']} + {out['qk_rope_head_dim']})")
-    return out
-
-
-def _qwen2_moe_from_hf(d: dict) -> dict:
-    """Qwen2-MoE's shared expert width and dense layers as our fields."""
-    if d.get("model_type") != "qwen2_moe" or not d.get("num_experts"):
-        return {}
-    moe_i, shared_i = d["moe_intermediate_size"], d.get("shared_expert_intermediate_size", 0)
-    if shared_i % moe_i:
-        raise ValueError(f"shared_expert_intermediate_size ({shared_i}) must be a multiple "
-                         f"of moe_intermediate_size ({moe_i})")
-    dense = sorted(d.get("mlp_only_layers") or [])
-    if dense != list(range(len(dense))) or d.get("decoder_sparse_step", 1) != 1:
-        raise ValueError("only 'first k layers dense, the rest MoE' is modelled, got "
-                         f"mlp_only_layers={dense}, "
-                         f"decoder_sparse_step={d.get('decoder_sparse_step')}")
-    return dict(num_shared_experts=shared_i // moe_i, first_k_dense_replace=len(dense))
-
-
-def _special_tokens_from_hf(d: dict) -> dict:
-    eos = d.get("eos_token_id")
-    if isinstance(eos, (list, tuple)):
-        eos = eos[0] if eos else None
-    ids = (("pad_token_id", d.get("pad_token_id")), ("bos_token_id", d.get("bos_token_id")),
-           ("eos_token_id", eos))
-    return {name: int(v) if v is not None else 0 for name, v in ids}
+_COST_ONLY = ("attention_bias", "attention_out_bias", "qk_norm", "attention_sinks",
+              "sliding_window", "layer_types", "gated_mlp", "mlp_bias", "norm_type",
+              "position_embedding_type", "router_bias", "shared_expert_gate", "moe_layer_freq")
 
 
 PRESETS: dict[str, dict] = {

@@ -1,21 +1,29 @@
-"""Back-of-envelope costs for real configs: parameters, KV-cache bytes, FLOPs.
+"""Back-of-envelope costs for real configs: parameters, KV-cache bytes, memory per device.
 
-All counts follow the shared model's architecture (GQA or MLA attention, SwiGLU FFN / MoE,
-RMSNorm), so for our own configs :func:`param_count` equals ``model.num_parameters()`` exactly
-(tested, MLA included). DeepSeek configs carry the MLA fields, and
-:func:`kv_cache_bytes_per_token` then counts the compressed cache (DeepSeek-V2 report,
-arXiv:2405.04434, Table 1).
+Parameters (:func:`param_breakdown`) follow the modules of each family the config can
+describe (:mod:`tokenflow.hf_config`): GQA / MHA / MQA or MLA attention with optional biases,
+q/k norms and sinks; SwiGLU or 2-matrix GELU FFN with optional biases; routed, shared and
+gated shared experts; RMSNorm or LayerNorm; RoPE or learned positions. For every family the
+count equals ``sum(p.numel())`` of the real module built from a tiny config (tested against
+our model and against ``transformers``). KV bytes count MLA's compressed cache (DeepSeek-V2
+report, arXiv:2405.04434, Table 1) and sliding windows. FLOPs and time:
+:mod:`tokenflow.roofline`.
 """
 from __future__ import annotations
 
 from .config import ModelConfig
 
-__all__ = ["param_count", "active_param_count", "kv_cache_bytes_per_token",
-           "mla_kv_cache_bytes_per_token", "mla_decode_attention_costs", "lm_head_flops", "BYTES",
-           "reference_models", "reference_config"]
+__all__ = ["param_breakdown", "active_param_breakdown", "param_count", "active_param_count",
+           "kv_cache_bytes_per_token", "kv_cache_bytes", "mla_kv_cache_bytes_per_token",
+           "mla_decode_attention_costs", "weight_bytes_per_device", "max_batch_size",
+           "lm_head_flops", "BYTES", "reference_models", "reference_config"]
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 """Bytes per element of common dtypes."""
+
+PARTS = ("embedding", "attention", "dense_ffn", "routed_experts", "shared_experts", "router",
+         "norms", "lm_head")
+"""Keys of :func:`param_breakdown` that add up to ``total``."""
 
 
 def _check_bytes(bytes_per_element) -> None:
@@ -24,80 +32,241 @@ def _check_bytes(bytes_per_element) -> None:
         raise ValueError(f"bytes_per_element must be a number > 0, got {bytes_per_element!r}")
 
 
-def _ffn_params(H: int, I: int) -> int:
-    return 3 * H * I                       # gate, up, down
+def _check_countable(c: ModelConfig) -> None:
+    if c.unsupported_fields:
+        raise ValueError(f"config dropped HF fields {list(c.unsupported_fields)} "
+                         "(from_hf_config(allow_unsupported=True)): counts would be wrong")
+
+
+def _ffn_params(c: ModelConfig, I: int) -> int:
+    """One FFN of width ``I``: SwiGLU ``3*H*I`` (gate, up, down) or plain ``2*H*I`` (up,
+    down), plus biases ``I`` per input matrix and ``H`` for the output one."""
+    H, n_in = c.hidden_size, 2 if c.gated_mlp else 1
+    return (n_in + 1) * H * I + ((n_in * I + H) if c.mlp_bias else 0)
+
+
+def _norm_params(c: ModelConfig, width: int) -> int:
+    return width * (2 if c.norm_type == "layernorm" else 1)       # LayerNorm: weight + bias
 
 
 def _attn_params(c: ModelConfig) -> int:
-    H, D, nh = c.hidden_size, c.head_dim, c.num_attention_heads
+    """One attention block: projections, biases, q/k norms, sinks (GQA) or MLA's layout."""
+    H, D, nh, nkv = c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads
     if not c.is_mla:
-        return H * nh * D * 2 + H * c.num_key_value_heads * D * 2           # q,o + k,v
+        n = 2 * H * nh * D + 2 * H * nkv * D                               # q,o + k,v
+        n += (nh * D + 2 * nkv * D) * c.attention_bias + H * c.attention_out_bias
+        return n + 2 * D * c.qk_norm + nh * c.attention_sinks
     dq = c.qk_nope_head_dim + c.qk_rope_head_dim
     q = H * nh * dq if c.q_lora_rank is None else \
-        H * c.q_lora_rank + c.q_lora_rank + c.q_lora_rank * nh * dq         # q_a, norm, q_b
+        H * c.q_lora_rank + c.q_lora_rank + c.q_lora_rank * nh * dq        # q_a, norm, q_b
     kv = H * (c.kv_lora_rank + c.qk_rope_head_dim) + c.kv_lora_rank \
-        + c.kv_lora_rank * nh * (c.qk_nope_head_dim + c.v_head_dim)         # kv_a, norm, kv_b
-    return q + kv + nh * c.v_head_dim * H                                   # + o_proj
+        + c.kv_lora_rank * nh * (c.qk_nope_head_dim + c.v_head_dim)        # kv_a, norm, kv_b
+    return q + kv + nh * c.v_head_dim * H                                  # + o_proj
+
+
+def _moe_params(c: ModelConfig) -> dict:
+    """One MoE layer: routed experts, shared experts (+ Qwen2-MoE's gate), router."""
+    H, E = c.hidden_size, c.num_experts
+    shared = _ffn_params(c, c.num_shared_experts * c.moe_intermediate_size) \
+        if c.num_shared_experts else 0
+    return dict(routed_experts=E * _ffn_params(c, c.moe_intermediate_size),
+                shared_experts=shared + H * c.shared_expert_gate,
+                router=E * H + E * c.router_bias)
+
+
+def param_breakdown(config: ModelConfig) -> dict:
+    """Total parameters by part (ints); ``total`` is the sum of :data:`PARTS`.
+
+    Parts: ``embedding`` (``V*H``, plus the learned position table
+    ``max_position_embeddings*H`` when ``position_embedding_type == "absolute"``),
+    ``attention`` (projections, biases, q/k norms, sinks; MLA: ``q_a``/``q_a_layernorm``/
+    ``q_b`` or ``q_proj``, ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``,
+    ``o_proj`` as in HF ``DeepseekV3Attention``), ``dense_ffn``, ``routed_experts``,
+    ``shared_experts`` (with Qwen2-MoE's ``shared_expert_gate``), ``router`` (weight, gpt-oss
+    bias), ``norms`` (two per block and the final one; LayerNorm counts weight and bias),
+    ``lm_head`` (0 when tied: the table is counted once, under ``embedding``).
+    Also ``mtp``: DeepSeek-V3's multi-token-prediction modules (``enorm``, ``hnorm``,
+    ``eh_proj [H, 2H]``, one MoE decoder block, ``shared_head.norm``; embedding and head
+    shared), *not* in ``total``: the published 671B excludes them, HF's
+    ``DeepseekV3ForCausalLM`` does not build them. Buffers (DeepSeek's
+    ``e_score_correction_bias``) are not parameters.
+
+    Raises:
+        ValueError: a config with ``unsupported_fields``.
+    """
+    c = config
+    _check_countable(c)
+    H, V = c.hidden_size, c.vocab_size
+    out = dict.fromkeys(PARTS, 0)
+    out["embedding"] = V * H + (c.max_position_embeddings * H
+                                if c.position_embedding_type == "absolute" else 0)
+    out["lm_head"] = 0 if c.tie_word_embeddings else V * H
+    out["norms"] = _norm_params(c, H) * (2 * c.num_hidden_layers + 1)
+    out["attention"] = _attn_params(c) * c.num_hidden_layers
+    moe_layers = sum(c.layer_is_moe(i) for i in range(c.num_hidden_layers))
+    out["dense_ffn"] = _ffn_params(c, c.intermediate_size) * (c.num_hidden_layers - moe_layers)
+    for k, v in (_moe_params(c).items() if c.num_experts else ()):
+        out[k] = v * moe_layers
+    out["total"] = sum(out[k] for k in PARTS)
+    moe_block = _attn_params(c) + 2 * _norm_params(c, H) + sum(_moe_params(c).values()) \
+        if c.num_experts else 0
+    out["mtp"] = c.num_nextn_predict_layers * (3 * _norm_params(c, H) + 2 * H * H + moe_block)
+    return out
+
+
+def active_param_breakdown(config: ModelConfig, include_embedding: bool = True,
+                           include_lm_head: bool = True) -> dict:
+    """Parameters one token uses, by part: as :func:`param_breakdown`, with the routed
+    experts scaled by ``K / E`` (the K chosen of E; shared experts and router always run).
+
+    Convention, stated because publishers differ: DeepSeek-V3's 37B ("36.7B including 0.9B
+    for Embedding and 0.9B for the output Head", README_WEIGHTS.md) and Mixtral's 12.9B count
+    both tables, the defaults here. ``include_embedding=False`` drops the input table (a
+    token reads one row of it) and the learned position table; ``include_lm_head=False``
+    drops the head. A tied table is kept while either flag is on (it is the head).
+
+    Raises:
+        ValueError: a config with ``unsupported_fields``.
+    """
+    c = config
+    out = param_breakdown(c)
+    if c.num_experts:
+        out["routed_experts"] = out["routed_experts"] * c.num_experts_per_tok // c.num_experts
+    if not include_embedding:                  # a tied table stays while it is the head
+        tied_head = c.tie_word_embeddings and include_lm_head
+        out["embedding"] = c.vocab_size * c.hidden_size if tied_head else 0
+    if not include_lm_head:
+        out["lm_head"] = 0
+    out["total"] = sum(out[k] for k in PARTS)
+    return out
 
 
 def param_count(config: ModelConfig) -> int:
-    """Total parameters of the shared architecture with this config (tied head counted once).
-
-    Per layer: attention ``2*H*nh*D + 2*H*nkv*D`` (MLA, ``config.is_mla``: ``q_proj`` or
-    ``q_a_proj``/``q_a_layernorm``/``q_b_proj``, ``kv_a_proj_with_mqa [H, r+dr]``,
-    ``kv_a_layernorm [r]``, ``kv_b_proj [r, nh*(dn+dv)]``, ``o_proj [nh*dv, H]``; the layout of
-    :class:`tokenflow.mla.MLAttention`), two RMSNorm weights ``2*H``, and either a
-    dense FFN ``3*H*I`` or ``E`` experts ``E*3*H*I_moe`` + shared ``3*H*(n_shared*I_moe)`` +
-    router ``E*H``. Plus embedding ``V*H``, final norm ``H`` and LM head ``V*H`` (if untied).
-    """
-    c = config
-    H = c.hidden_size
-    total = c.vocab_size * H + H + (0 if c.tie_word_embeddings else c.vocab_size * H)
-    for i in range(c.num_hidden_layers):
-        total += _attn_params(c) + 2 * H
-        if c.layer_is_moe(i):
-            total += c.num_experts * _ffn_params(H, c.moe_intermediate_size)
-            total += _ffn_params(H, c.num_shared_experts * c.moe_intermediate_size) \
-                if c.num_shared_experts else 0
-            total += c.num_experts * H
-        else:
-            total += _ffn_params(H, c.intermediate_size)
-    return total
+    """Total parameters: ``param_breakdown(config)["total"]`` (tied head counted once; MTP
+    modules excluded)."""
+    return param_breakdown(config)["total"]
 
 
-def active_param_count(config: ModelConfig, include_embedding: bool = True) -> int:
-    """Parameters one token touches: only ``K`` of ``E`` routed experts count.
-
-    ``include_embedding``: count the input embedding table (one row is read, but reports such
-    as DeepSeek-V3's README count the whole table; say which you use).
-    """
-    c = config
-    H = c.hidden_size
-    inactive = 0
-    for i in range(c.num_hidden_layers):
-        if c.layer_is_moe(i):
-            inactive += (c.num_experts - c.num_experts_per_tok) * _ffn_params(
-                H, c.moe_intermediate_size)
-    total = param_count(c) - inactive
-    if not include_embedding and not c.tie_word_embeddings:
-        total -= c.vocab_size * H
-    return total
+def active_param_count(config: ModelConfig, include_embedding: bool = True,
+                       include_lm_head: bool = True) -> int:
+    """Parameters one token touches: ``active_param_breakdown(...)["total"]`` (only ``K`` of
+    ``E`` routed experts count; see there for the embedding / head convention)."""
+    return active_param_breakdown(config, include_embedding, include_lm_head)["total"]
 
 
-def kv_cache_bytes_per_token(config: ModelConfig, bytes_per_element: float = 2) -> int:
-    """KV-cache bytes one token adds, all layers: GQA / MHA (K and V)
-    ``2 * num_hidden_layers * num_key_value_heads * head_dim * bytes_per_element``; MLA
-    (``config.is_mla``) :func:`mla_kv_cache_bytes_per_token` (latent + RoPE key).
+def _kv_layer_bytes(c: ModelConfig, bytes_per_element: float, tp_size: int = 1) -> float:
+    """Bytes one token adds to one layer's cache on one of ``tp_size`` devices: K and V of
+    ``num_key_value_heads / tp_size`` heads (at least one head: replicated when
+    ``tp_size > num_key_value_heads``), or MLA's latent + RoPE key (replicated)."""
+    if c.is_mla:
+        return (c.kv_lora_rank + c.qk_rope_head_dim) * bytes_per_element
+    nkv = c.num_key_value_heads
+    if nkv % tp_size and tp_size % nkv:
+        raise ValueError(f"tp_size ({tp_size}) must divide num_key_value_heads ({nkv}) or be "
+                         "a multiple of it")
+    return 2 * max(nkv / tp_size, 1) * c.head_dim * bytes_per_element
+
+
+def kv_cache_bytes(config: ModelConfig, batch: int, context_len: int,
+                   bytes_per_element: float = 2, tp_size: int = 1) -> int:
+    """KV-cache bytes on one device for ``batch`` sequences of ``context_len`` tokens:
+    ``sum over layers of batch * min(context_len, W) * per-layer bytes``, where ``W`` is
+    ``sliding_window`` for sliding layers (``config.layer_is_sliding``) and unbounded
+    otherwise. Per-layer bytes: K and V ``2 * nkv * D`` (MHA/GQA/MQA; heads split over
+    ``tp_size``) or MLA ``kv_lora_rank + qk_rope_head_dim`` (DeepSeek-V2 Table 1).
 
     Raises:
-        ValueError: if ``bytes_per_element <= 0``.
+        ValueError: counts < 1, ``bytes_per_element <= 0``, a ``tp_size`` that does not
+            split the KV heads, or a config with ``unsupported_fields``.
+    """
+    _check_countable(config)
+    _check_count("batch", batch, 1)
+    _check_count("context_len", context_len, 1)
+    _check_count("tp_size", tp_size, 1)
+    _check_bytes(bytes_per_element)
+    c, per = config, _kv_layer_bytes(config, bytes_per_element, tp_size)
+    tokens = sum(min(context_len, c.sliding_window) if c.layer_is_sliding(i) else context_len
+                 for i in range(c.num_hidden_layers))
+    return int(batch * tokens * per)
+
+
+def kv_cache_bytes_per_token(config: ModelConfig, bytes_per_element: float = 2,
+                             context_len: int | None = None) -> int:
+    """KV-cache bytes per token, all layers: GQA / MHA / MQA (K and V)
+    ``2 * num_hidden_layers * num_key_value_heads * head_dim * bytes_per_element``; MLA
+    (``config.is_mla``) ``num_hidden_layers * (kv_lora_rank + qk_rope_head_dim) * bytes``.
+
+    ``context_len=None``: what one new token adds while the context is shorter than every
+    sliding window (every layer stores it). With ``context_len``: the average over a
+    sequence of that length, ``kv_cache_bytes(config, 1, context_len) / context_len``
+    (sliding layers stop growing at ``sliding_window``).
+
+    Raises:
+        ValueError: if ``bytes_per_element <= 0``, ``context_len < 1`` or the config has
+            ``unsupported_fields``.
     """
     _check_bytes(bytes_per_element)
-    c = config
-    if c.is_mla:
-        return mla_kv_cache_bytes_per_token(c.num_hidden_layers, c.kv_lora_rank,
-                                            c.qk_rope_head_dim, bytes_per_element)
-    return int(2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * bytes_per_element)
+    _check_countable(config)
+    if context_len is not None:
+        return kv_cache_bytes(config, 1, context_len, bytes_per_element) // context_len
+    return int(config.num_hidden_layers * _kv_layer_bytes(config, bytes_per_element))
+
+
+def weight_bytes_per_device(config: ModelConfig, tp_size: int = 1, ep_size: int = 1,
+                            bytes_per_param: float = 2) -> dict:
+    """Weight bytes one device holds under tensor and expert parallelism.
+
+    Layout assumed (Megatron-style TP, DeepSeek-style EP): routed experts are split over
+    ``ep_size`` devices (``E / ep_size`` whole experts each); attention, dense FFN, shared
+    experts, embedding and LM head (vocab-parallel) are split over ``tp_size``; norms and
+    router are replicated. Data parallelism replicates weights (no change per device; it
+    divides the batch). MTP modules are not included.
+
+    Returns:
+        ``{"tensor_parallel", "expert_parallel", "replicated", "total"}`` in bytes (floats).
+
+    Raises:
+        ValueError: ``tp_size`` / ``ep_size`` < 1, ``ep_size`` not dividing ``num_experts``
+            (MoE configs), ``tp_size`` not dividing ``num_attention_heads``.
+    """
+    c, b = config, param_breakdown(config)
+    _check_count("tp_size", tp_size, 1)
+    _check_count("ep_size", ep_size, 1)
+    _check_bytes(bytes_per_param)
+    if c.num_attention_heads % tp_size:
+        raise ValueError(f"tp_size ({tp_size}) must divide num_attention_heads "
+                         f"({c.num_attention_heads})")
+    if c.num_experts and c.num_experts % ep_size:
+        raise ValueError(f"ep_size ({ep_size}) must divide num_experts ({c.num_experts})")
+    tp = sum(b[k] for k in ("embedding", "attention", "dense_ffn", "shared_experts",
+                            "lm_head")) / tp_size
+    out = {"tensor_parallel": tp * bytes_per_param,
+           "expert_parallel": b["routed_experts"] / ep_size * bytes_per_param,
+           "replicated": (b["norms"] + b["router"]) * bytes_per_param}
+    out["total"] = sum(out.values())
+    return out
+
+
+def max_batch_size(config: ModelConfig, context_len: int, device_memory_bytes: float,
+                   tp_size: int = 1, ep_size: int = 1, bytes_per_param: float = 2,
+                   kv_bytes_per_element: float = 2, memory_fraction: float = 0.9) -> int:
+    """Largest number of ``context_len``-token sequences whose KV cache fits one device next
+    to its weights: ``floor((memory_fraction * device_memory_bytes - weights) / kv_per_seq)``
+    (:func:`weight_bytes_per_device`, :func:`kv_cache_bytes`). Activations and framework
+    overhead are left to ``1 - memory_fraction``. 0 when the weights alone do not fit.
+
+    Raises:
+        ValueError: ``memory_fraction`` outside ``(0, 1]``, ``device_memory_bytes <= 0``, or
+            the errors of the two functions above.
+    """
+    if not 0 < memory_fraction <= 1:
+        raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}")
+    if device_memory_bytes <= 0:
+        raise ValueError(f"device_memory_bytes must be > 0, got {device_memory_bytes!r}")
+    free = memory_fraction * device_memory_bytes - weight_bytes_per_device(
+        config, tp_size, ep_size, bytes_per_param)["total"]
+    per_seq = kv_cache_bytes(config, 1, context_len, kv_bytes_per_element, tp_size)
+    return max(int(free // per_seq), 0)
 
 
 def mla_kv_cache_bytes_per_token(num_hidden_layers: int, kv_lora_rank: int,
@@ -179,10 +348,12 @@ def reference_config(name: str) -> ModelConfig:
     ``"Llama-3-8B"``, ``"DeepSeek-V4-Pro"``, ``"DeepSeek-V4-Flash"``, ``"GPT-3-175B"``).
 
     Values the reference gives as annotated text (e.g. ``"2.5 (one secondary copy only -
-    UNVERIFIED)"``) are read as their leading number or boolean; a missing
-    ``intermediate_size`` is taken as ``moe_intermediate_size``. DeepSeek-V3 gets MLA and YaRN
-    RoPE from its config; DeepSeek-V4's attention is modelled as GQA. Fine for shapes and
-    counts, not for running.
+    UNVERIFIED)"``) are read as their leading number or boolean. Read with
+    ``from_hf_config(..., allow_unsupported=True)``: DeepSeek-V4's fields we cannot express
+    (``o_groups``, ``compress_rates``, ``scoring_func 'sqrtsoftplus'``, ...) land in
+    ``unsupported_fields``, so its shapes and routing sizes are usable but every count
+    refuses. GPT-3 has no ``model_type`` in the file and is read as ``gpt2``
+    (:data:`_REFERENCE_FAMILY`). Fine for shapes and counts, not for running.
 
     Raises:
         ValueError: if ``name`` is not bundled.
@@ -200,11 +371,14 @@ def reference_config(name: str) -> ModelConfig:
             v = {"True": True, "False": False}.get(m.group(1)) if m.group(1) in (
                 "True", "False") else (float(m.group(1)) if "." in m.group(1) else int(m.group(1)))
         hf[k] = v
-    if not hf.get("intermediate_size"):
-        hf["intermediate_size"] = hf.get("moe_intermediate_size")
-    if hf.get("scoring_func") not in (None, "softmax", "sigmoid"):
-        hf["scoring_func"] = "sigmoid"      # V4's sqrtsoftplus: modelled as sigmoid
-    return ModelConfig.from_hf_config(hf, name=name)
+    hf.setdefault("model_type", _REFERENCE_FAMILY.get(name))
+    return ModelConfig.from_hf_config(hf, allow_unsupported=True, name=name)
+
+
+_REFERENCE_FAMILY = {"GPT-3-175B": "gpt2"}
+"""``model_type`` of reference entries that do not carry one: GPT-3 uses GPT-2's
+architecture (Brown et al. 2020, section 2.1: "the same model and architecture as GPT-2", with
+alternating dense and locally banded sparse attention, which changes no parameter count)."""
 
 
 # ---- MoE communication (F3)
@@ -271,7 +445,9 @@ def expected_remote_fraction(ep_size: int) -> float:
 
 def moe_comm_bytes_per_token(config: ModelConfig, ep_size: int | None = None,
                              dispatch_bytes_per_element: float = 2,
-                             combine_bytes_per_element: float = 2) -> dict:
+                             combine_bytes_per_element: float = 2,
+                             gpus_per_node: int | None = None,
+                             max_nodes_per_token: int | None = None) -> dict:
     """All-to-all bytes one token causes in one MoE layer: dispatch ``K * H * b_dispatch`` plus
     combine ``K * H * b_combine``, times the remote fraction.
 
@@ -282,9 +458,21 @@ def moe_comm_bytes_per_token(config: ModelConfig, ep_size: int | None = None,
         dispatch_bytes_per_element, combine_bytes_per_element: element sizes of the two
             directions (bf16: 2; a deployment may dispatch in fp8: 1).
 
+        gpus_per_node: with ``ep_size``, split the traffic into ``scale_out`` (between
+            nodes) and ``scale_up`` (inside a node) the DeepSeek-V3 way (report
+            arXiv:2412.19437 section 3.2.2): a token's hidden state crosses the network once
+            per remote *node* it goes to, then is forwarded inside that node. With
+            ``N = ep_size / gpus_per_node`` nodes and uniform routing the token reaches
+            ``n = min(N * (1 - (1 - 1/N)**K), max_nodes_per_token)`` nodes, ``n * (N-1)/N``
+            of them remote: ``scale_out = remote * H * b`` per direction. ``scale_up``: the
+            ``K * (G-1)/G`` pairs not on the GPU where the copy lands, ``* H * b``. An
+            expected value, not a schedule.
+        max_nodes_per_token: node-limited routing (DeepSeek-V3: 4); ``None``: no limit.
+
     Returns:
         dict with ``dispatch``, ``combine``, ``total`` (bytes per token per MoE layer) and
-        ``remote_fraction``.
+        ``remote_fraction``; with ``gpus_per_node`` also ``scale_out`` and ``scale_up``
+        (dispatch + combine bytes, per token per MoE layer) and ``nodes_per_token``.
 
     Raises:
         ValueError: dense config, bad ``ep_size`` or element sizes.
@@ -298,7 +486,28 @@ def moe_comm_bytes_per_token(config: ModelConfig, ep_size: int | None = None,
     pair = config.num_experts_per_tok * config.hidden_size
     d = pair * dispatch_bytes_per_element * f
     c = pair * combine_bytes_per_element * f
-    return {"dispatch": d, "combine": c, "total": d + c, "remote_fraction": f}
+    out = {"dispatch": d, "combine": c, "total": d + c, "remote_fraction": f}
+    if gpus_per_node is not None:
+        out.update(_node_limited_bytes(config, ep_size, gpus_per_node, max_nodes_per_token,
+                                       dispatch_bytes_per_element + combine_bytes_per_element))
+    return out
+
+
+def _node_limited_bytes(config: ModelConfig, ep_size, G: int, M, b: float) -> dict:
+    """Scale-out / scale-up bytes of :func:`moe_comm_bytes_per_token` (``b``: dispatch +
+    combine element bytes)."""
+    _check_count("gpus_per_node", G, 1)
+    if ep_size is None or ep_size % G and G % ep_size:
+        raise ValueError(f"ep_size ({ep_size}) must be a multiple or divisor of "
+                         f"gpus_per_node ({G})")
+    if M is not None:
+        _check_count("max_nodes_per_token", M, 1)
+    N, K, H = max(ep_size // G, 1), config.num_experts_per_tok, config.hidden_size
+    n = N * (1 - (1 - 1 / N) ** K)
+    n = min(n, M) if M is not None else n
+    G_used = min(G, ep_size)
+    return {"nodes_per_token": n, "scale_out": n * (N - 1) / N * H * b,
+            "scale_up": K * (G_used - 1) / G_used * H * b}
 
 
 def num_moe_layers(config: ModelConfig) -> int:

@@ -239,7 +239,7 @@ def _deepseek_v3_fields(c: ModelConfig) -> dict:
                 topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
                 routed_scaling_factor=float(c.routed_scaling_factor),
                 first_k_dense_replace=c.first_k_dense_replace if moe else c.num_hidden_layers,
-                **mla)
+                num_nextn_predict_layers=c.num_nextn_predict_layers, **mla)
 
 
 from_hf_config = ModelConfig.from_hf_config
@@ -512,7 +512,10 @@ def from_hf_model(hf_model) -> TokenFlowModel:
     arch = getattr(hf_model.config, "model_type", None)
     if arch not in _FULL_MODEL:
         raise ValueError(f"model_type must be one of {_FULL_MODEL}, got {arch!r}")
-    config = from_hf_config(hf_model.config)
+    # biases are checked to be zero and the Qwen2-MoE gate is folded by the weight mapping
+    config = from_hf_config(hf_model.config).replace(
+        attention_bias=False, attention_out_bias=False, mlp_bias=False,
+        shared_expert_gate=False)
     sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
     ours = state_dict_from_hf(sd, config, arch,
                               bool(getattr(hf_model.config, "rope_interleave", False)))

@@ -66,7 +66,13 @@ class TokenFlowModel(nn.Module):
     """
 
     def __init__(self, config: ModelConfig):
+        """Raises ``ValueError`` naming the fields the modules do not build
+        (``config.fields_not_built()``: biases, sliding windows, LayerNorm, ... are counted by
+        :mod:`tokenflow.costmodel` but not run)."""
         super().__init__()
+        if config.fields_not_built():
+            raise ValueError(f"TokenFlowModel does not build {config.fields_not_built()} "
+                             "(cost-model fields); leave them at their defaults")
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderBlock(config, i)

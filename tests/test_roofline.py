@@ -1,0 +1,75 @@
+"""FLOPs and roofline time against independent values (torch's FLOP counter, hand sums)."""
+import math
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from tokenflow import KVCache, TokenFlowModel, preset
+from tokenflow.costmodel import param_breakdown, reference_config
+from tokenflow.roofline import (HARDWARE, flops_per_token, forward_flops, hardware, probe_cpu,
+                                roofline)
+
+
+def _counted(model, ids, cache=None) -> int:
+    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+        model(ids, kv_cache=cache)
+    return fc.get_total_flops()
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-dense"])
+def test_forward_flops_match_torch_flop_counter(name):
+    """Prefill of [2, 16] and one decode step after it. On CPU the counter sees the
+    matmuls (aten.mm) but not the fused attention kernel, so everything except
+    ``attention_scores`` must match exactly and the total within 10%."""
+    torch.manual_seed(0)
+    cfg = preset(name)
+    model = TokenFlowModel(cfg).eval()
+    ids = torch.randint(3, cfg.vocab_size, (2, 16))
+    cache = KVCache(cfg, 2, 32)
+    for f, counted in ((forward_flops(cfg, 2, 16), _counted(model, ids, cache)),
+                       (forward_flops(cfg, 2, 1, past_len=16), _counted(model, ids[:, :1],
+                                                                        cache))):
+        assert f["total"] - f["attention_scores"] == counted
+        assert abs(f["total"] / counted - 1) < 0.10
+
+
+def test_decode_flops_by_hand():
+    """Dense model, context 1: two FLOPs per weight a token multiplies (all but the
+    embedding table and the norms) plus q.k and weights @ V over one key per head."""
+    llama = reference_config("Llama-3-8B")
+    b = param_breakdown(llama)
+    weights = b["attention"] + b["dense_ffn"] + b["lm_head"]
+    core = 2 * 32 * 1 * (128 + 128) * 32
+    assert flops_per_token(llama, 1) == 2 * weights + core
+    # prefill: per token the same matrices, LM head once for the prompt
+    pre = flops_per_token(llama, 1024, "prefill")
+    assert pre < flops_per_token(llama, 1024) + 1 and pre > 2 * (weights - b["lm_head"])
+
+
+def test_roofline_decode_is_memory_bound_and_adds_up():
+    ds = reference_config("DeepSeek-V3")
+    h800 = hardware("H800")
+    r = roofline(ds, h800, "decode", batch=32, context_len=4096, ep_size=64,
+                 bytes_per_param=1, max_nodes_per_token=4)
+    assert r["bound"] == "memory"
+    assert math.isclose(r["compute_s"], 32 * flops_per_token(ds, 4096) / h800.peak_flops["bf16"])
+    assert math.isclose(r["step_s"], max(r["compute_s"], r["memory_s"], r["comm_s"]))
+    assert math.isclose(r["tokens_per_s"], 32 / r["step_s"])
+    p = roofline(ds, h800, "prefill", batch=1, context_len=4096, ep_size=64,
+                 bytes_per_param=1)
+    assert p["compute_s"] > p["memory_s"]             # long prompts are compute-heavy
+    with pytest.raises(ValueError, match="dtype"):
+        roofline(ds, h800, "decode", 1, 16, ep_size=64, dtype="int3")
+
+
+def test_presets_cite_sources_and_cpu_probe_smoke():
+    for hw in HARDWARE.values():
+        assert hw.source and hw.peak_flops["bf16"] > 0 and hw.memory_bandwidth > 0
+    with pytest.raises(ValueError, match="name"):
+        hardware("TPU-v9")
+    cpu = probe_cpu(0.05)
+    assert cpu.peak_flops["fp32"] > 1e8 and cpu.memory_bandwidth > 1e8
+    assert "measured" in cpu.source
+    r = roofline(preset("tiny-dense"), cpu, "decode", 1, 16, dtype="fp32")
+    assert r["tokens_per_s"] > 0 and r["comm_s"] == 0
