@@ -518,39 +518,9 @@ def num_moe_layers(config: ModelConfig) -> int:
 # ---- Prefill vs decode (F5)
 # What one forward pass computes and what it must read: enough to place prefill and decode on
 # the roofline (Williams, Waterman and Patterson 2009: attainable FLOP/s = min(peak FLOP/s,
-# arithmetic intensity x memory bandwidth)). Chapter 05 uses them; a fuller cost model is [F7].
+# arithmetic intensity x memory bandwidth)). The FLOPs are :func:`tokenflow.roofline.forward_flops`.
 
-__all__ += ["forward_flops", "forward_bytes", "expected_experts_touched"]
-
-
-def _norm_params(c: ModelConfig) -> int:
-    return (2 * c.num_hidden_layers + 1) * c.hidden_size      # two RMSNorms a block + final
-
-
-def forward_flops(config: ModelConfig, new_tokens: int, cached_tokens: int = 0,
-                  batch_size: int = 1) -> int:
-    """Matrix-multiply FLOPs of one forward pass: ``batch_size`` sequences, each feeding
-    ``new_tokens`` tokens on top of ``cached_tokens`` already in the KV cache.
-
-    ``2 * (active parameters - embedding - norms)`` per token (one multiply + one add per weight
-    a token uses: projections, the K routed + shared experts, router, LM head at every new
-    position) plus attention ``4 * layers * n_heads * head_dim * new_tokens * (cached_tokens +
-    new_tokens)`` per sequence (``Q K^T`` and ``weights @ V`` over every key, masked ones
-    included, as a plain non-causal kernel computes them; a causal kernel skips about half
-    of the prompt part). Prefill is ``new_tokens = S, cached_tokens = 0``; one decode step is
-    ``new_tokens = 1``. Elementwise work (norms, softmax, RoPE) is left out.
-
-    Raises:
-        ValueError: ``new_tokens`` or ``batch_size`` < 1, or ``cached_tokens`` < 0.
-    """
-    _check_count("new_tokens", new_tokens, 1)
-    _check_count("cached_tokens", cached_tokens, 0)
-    _check_count("batch_size", batch_size, 1)
-    c = config
-    per_token = 2 * (active_param_count(c, include_embedding=False) - _norm_params(c))
-    attn = 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * new_tokens * (
-        cached_tokens + new_tokens)
-    return batch_size * (per_token * new_tokens + attn)
+__all__ += ["forward_bytes", "expected_experts_touched"]
 
 
 def expected_experts_touched(num_experts: int, top_k: int, num_tokens: int) -> float:
@@ -583,7 +553,8 @@ def forward_bytes(config: ModelConfig, new_tokens: int, cached_tokens: int = 0,
     registers in a fused kernel), so this is a lower bound.
 
     Raises:
-        ValueError: as :func:`forward_flops`, or ``bytes_per_element <= 0``.
+        ValueError: ``new_tokens`` or ``batch_size`` < 1, ``cached_tokens`` < 0, or
+            ``bytes_per_element <= 0``.
     """
     _check_count("new_tokens", new_tokens, 1)
     _check_count("cached_tokens", cached_tokens, 0)
@@ -592,7 +563,7 @@ def forward_bytes(config: ModelConfig, new_tokens: int, cached_tokens: int = 0,
     c, T = config, batch_size * new_tokens
     weights = param_count(c) - (0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size)
     if c.num_experts:
-        per_expert = _ffn_params(c.hidden_size, c.moe_intermediate_size)
+        per_expert = _ffn_params(c, c.moe_intermediate_size)
         unused = c.num_experts - expected_experts_touched(c.num_experts,
                                                           c.num_experts_per_tok, T)
         weights -= num_moe_layers(c) * unused * per_expert

@@ -3,7 +3,7 @@
 The two phases run the same weights (seed note, section 6): *prefill* feeds the whole prompt
 ``[B, S]`` at once and writes its K/V into the cache; *decode* feeds one token per sequence
 ``[B, 1]``, reads the whole cache and appends one slot. These helpers time them the way
-chapter 05 plots them; :func:`tokenflow.costmodel.forward_flops` and
+chapter 05 plots them; :func:`tokenflow.roofline.forward_flops` and
 :func:`~tokenflow.costmodel.forward_bytes` say what each phase computes and reads.
 
 Every time is the *best* of ``repeats`` calls (the least disturbed one on a shared machine),
