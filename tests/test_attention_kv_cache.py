@@ -552,3 +552,11 @@ def test_check_runs_once_per_forward(make_model, monkeypatch):
     with torch.no_grad():
         prefill(model, torch.tensor([[3, 4, 5]]), cache)
     assert len(calls) == 1 and model.config.num_hidden_layers > 1
+
+
+# ---- found by planting bugs (R1 review): each test names a neighbour the suite missed
+def test_cache_dtype_of_the_same_size_is_still_refused(make_model):
+    model = make_model().to(torch.float16)
+    with pytest.raises(ValueError, match="kv_cache dtype torch.bfloat16 .*torch.float16"):
+        prefill(model, torch.tensor([[3, 4, 5]]),
+                KVCache(model.config, 1, 8, dtype=torch.bfloat16))

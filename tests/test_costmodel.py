@@ -296,3 +296,12 @@ def test_node_limited_all_to_all_by_hand():
     one_node = moe_comm_bytes_per_token(v3, ep_size=8, gpus_per_node=8)
     assert one_node["scale_out"] == 0 and math.isclose(one_node["scale_up"],
                                                        8 * 7 / 8 * 7168 * 4)
+
+
+# ---- found by planting bugs (R1 review): each test names a neighbour the suite missed
+def test_active_params_without_embedding_keep_a_tied_lm_head():
+    untied = preset("tiny")
+    tied = untied.replace(tie_word_embeddings=True)
+    H, V = untied.hidden_size, untied.vocab_size
+    assert active_param_count(untied, True) - active_param_count(untied, False) == V * H
+    assert active_param_count(tied, False) == active_param_count(tied, True)

@@ -157,3 +157,23 @@ def test_rows_finishing_at_different_steps_stay_finished(pretrained):
         assert row[:len(a)] == a, (prompts[b], row, a)
         if stops[b] is not None:
             assert set(row[stops[b]:]) == {eos}, (prompts[b], row)
+
+
+# ---- found by planting bugs (R1 review): each test names a neighbour the suite missed
+def test_eos_equal_to_vocab_size_is_rejected(make_model):
+    model = make_model()
+    ids = torch.tensor([[5, 6]])
+    with pytest.raises(ValueError, match="eos_token_id"):
+        generate(model, ids, 2, eos_token_id=model.config.vocab_size)
+
+
+def test_generate_may_fill_max_position_embeddings_exactly(make_model):
+    model = make_model(max_position_embeddings=16)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (1, 14), generator=g)
+    out = generate(model, ids, 2, stop_at_eos=False)                     # 14 + 2 == 16: allowed
+    assert out.shape == (1, 16)
+    with torch.no_grad():                                                # last token: argmax of
+        assert int(out[0, -1]) == int(model(out[:, :-1])[0, -1].argmax())  # a plain forward
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        generate(model, ids, 3, stop_at_eos=False)                       # 17 > 16

@@ -245,3 +245,11 @@ def test_tensor_table_rounds_and_labels():
         tensor_table(t, ["a"])
     with pytest.raises(ValueError, match="t must be a 2-D"):
         tensor_table(t[0], ["a"])
+
+
+# ---- found by planting bugs (R1 review): each test names a neighbour the suite missed
+def test_decode_drops_special_tokens(pretrained):
+    _, tok = pretrained
+    ids = [tok.bos_token_id] + tok.encode("北京") + [tok.eos_token_id, tok.pad_token_id]
+    assert tok.decode(ids) == "北京"
+    assert tok.decode(torch.tensor(ids)) == "北京"

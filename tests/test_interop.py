@@ -7,15 +7,18 @@ softmax routers (with and without renormalisation), DeepSeek-V3's sigmoid router
 correction bias and group-limited choice. All fp32; "equal" means max abs diff <= 1e-4 for
 logits, <= 1e-6 for router weights, and identical ids.
 """
+import math
 import sys
 
 import pytest
 import torch
 import transformers
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from tokenflow import KVCache, ModelConfig, TokenFlowModel, decode_step, generate, preset, prefill
 from tokenflow import interop
 from tokenflow.moe import MoE
+from tokenflow.rope import rope_inv_freq
 
 ATOL = 1e-4
 PROMPTS = ["北京是中国的首", "东京是日本的", "Paris is the capital of", "伦敦在", "The"]
@@ -442,3 +445,30 @@ def test_untied_state_dict_without_lm_head_raises():
     tied = cfg.replace(tie_word_embeddings=True)
     out = interop.state_dict_from_hf(sd, tied)                          # tied: fine
     assert out["lm_head.weight"] is out["embed_tokens.weight"]
+
+
+# ---- found by planting bugs (R1 review): each test names a neighbour the suite missed
+@pytest.mark.parametrize("lo,hi", [(1.0, 4.0), (2.0, 8.0)])
+def test_llama3_inv_freq_with_a_medium_band_equals_hf(lo, hi):
+    """The shared tiny-dense llama3 case has no frequency in the smoothed band (wavelengths
+    between old/hi and old/lo); this config has several, so the ramp is compared with HF."""
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": lo,
+               "high_freq_factor": hi, "original_max_position_embeddings": 128}
+    cfg = preset("tiny-dense", hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
+                 rope_theta=5e5, max_position_embeddings=512, rope_scaling=scaling)
+    d = cfg.head_dim
+    wavelen = [2 * math.pi * cfg.rope_theta ** (2 * i / d) for i in range(d // 2)]
+    medium = [w for w in wavelen if 128 / hi < w < 128 / lo]
+    assert len(medium) >= 2 and any(w > 128 / lo for w in wavelen)      # all 3 regimes present
+    hf_inv, _ = ROPE_INIT_FUNCTIONS["llama3"](interop.to_hf_config(cfg), "cpu")
+    ours, attn = rope_inv_freq(cfg)
+    torch.testing.assert_close(ours, hf_inv.float(), atol=0, rtol=1e-6)
+    assert attn == 1.0
+
+
+def test_from_hf_config_reads_non_default_fields():
+    base = interop.to_hf_config(preset("tiny-dense")).to_dict()
+    cfg = ModelConfig.from_hf_config(dict(base, rms_norm_eps=1e-5, max_position_embeddings=96,
+                                          tie_word_embeddings=True))
+    assert (cfg.rms_norm_eps, cfg.max_position_embeddings, cfg.tie_word_embeddings) == \
+        (1e-5, 96, True)
