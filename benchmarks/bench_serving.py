@@ -3,22 +3,25 @@
     .venv/bin/python benchmarks/bench_serving.py            # about a minute on one core
     .venv/bin/python benchmarks/bench_serving.py --requests 12 --repeats 10
 
-Prints three ratios, each measured in this one run (nothing here is asserted by the tests):
+Prints three ratios, each measured in this one run (nothing here is asserted by the tests).
+Times are the best of the repeats (:mod:`tokenflow.phases`, the timers chapter 05 plots).
 
 1. Decode step time with the KV cache at context 1024 / at context 64 (target <= 2.0): a
    decode step reads the cache, so it grows with the context, but for a small model the
-   fixed per-step work dominates.
+   fixed per-step work dominates (:func:`tokenflow.phases.time_decode`).
 2. Cached decode vs full recompute at context 512 (target >= 5x): the next token's logits
-   from one decode step on a filled cache, against running all 513 tokens again without one.
+   from one decode step on a filled cache, against running all 513 tokens again without one
+   (:func:`tokenflow.phases.time_recompute`).
 3. Continuous vs static batching throughput (target >= 1.5x) on a mixed workload (prompts of
-   8-64 tokens; most requests want 8-24 new tokens, one in four wants 96-128): generated
-   tokens per second of :class:`tokenflow.serving.LLMEngine` (``max_num_seqs`` seats refilled
-   as requests finish; paged KV storage, ``--kv-storage contiguous`` for the other) against static batching (``generate`` on left-padded groups of
-   ``max_num_seqs`` requests in arrival order, each group running until its longest request
-   is done; only the tokens the requests asked for are counted).
+   8-64 tokens; most requests want 8-24 new tokens, one in four wants 96-128): seconds to
+   serve all requests with :class:`tokenflow.serving.LLMEngine` (``max_num_seqs`` seats
+   refilled as requests finish) against the same engine with ``static_batching=True`` (a new
+   batch is admitted only when the running one has finished). Same seats, token budget and
+   KV storage (paged; ``--kv-storage contiguous`` for the other).
 
 The shared model is ``load_pretrained()`` with ``max_position_embeddings`` raised to 2048
-(that changes the length of the RoPE table only, no weight), so contexts of 1024 fit.
+(:func:`tokenflow.phases.with_context_length`: the RoPE table only, no weight), so contexts
+of 1024 fit.
 """
 from __future__ import annotations
 
@@ -27,38 +30,12 @@ import time
 
 import torch
 
-from _common import machine, median, timeit
-from tokenflow import KVCache, TokenFlowModel, decode_step, generate, load_pretrained, prefill
+from _common import machine
+from tokenflow import load_pretrained
+from tokenflow.phases import time_decode, time_recompute, with_context_length
 from tokenflow.serving import LLMEngine, SamplingParams
 
 MAX_POS = 2048
-
-
-def shared_model() -> TokenFlowModel:
-    """The book's trained model with a 2048-position RoPE table, eval mode."""
-    small, _ = load_pretrained()
-    model = TokenFlowModel(small.config.replace(max_position_embeddings=MAX_POS))
-    model.load_state_dict(small.state_dict())
-    return model.eval()
-
-
-def decode_time(model, context: int, steps: int) -> float:
-    """Median seconds of one cached decode step after a ``context``-token prefill."""
-    g = torch.Generator().manual_seed(context)
-    ids = torch.randint(4, model.config.vocab_size, (1, context), generator=g)
-    cache = KVCache(model.config, 1, context + steps + 1)
-    prefill(model, ids, cache)
-    nxt = ids[:, -1:]
-    return median(timeit(lambda: decode_step(model, nxt, cache), steps))
-
-
-@torch.inference_mode()
-def recompute_time(model, context: int, repeats: int) -> float:
-    """Median seconds to get the next token's logits by running ``context + 1`` tokens
-    through the model without a cache."""
-    ids = torch.randint(4, model.config.vocab_size, (1, context + 1),
-                        generator=torch.Generator().manual_seed(1))
-    return median(timeit(lambda: model(ids, logits_to_keep=1), repeats))
 
 
 def workload(n: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
@@ -70,24 +47,13 @@ def workload(n: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
     return prompts, new
 
 
-def static_batching(model, prompts, new, batch: int) -> float:
-    """Seconds to serve all requests in fixed groups of ``batch`` with ``generate``."""
-    t = time.perf_counter()
-    for i in range(0, len(prompts), batch):
-        group = prompts[i:i + batch]
-        S = max(len(p) for p in group)
-        ids = torch.tensor([[0] * (S - len(p)) + p for p in group])          # [B, S]
-        mask = torch.tensor([[0] * (S - len(p)) + [1] * len(p) for p in group])
-        generate(model, ids, max(new[i:i + batch]), attention_mask=mask, stop_at_eos=False)
-    return time.perf_counter() - t
-
-
-def continuous_batching(model, prompts, new, batch: int, kv_storage: str = "paged"
-                        ) -> tuple[float, dict]:
+def serve(model, prompts, new, batch: int, kv_storage: str = "paged",
+          static_batching: bool = False) -> tuple[float, dict]:
     """Seconds to serve all requests with the engine (``batch`` seats, ``kv_storage``
-    ``"paged"`` or ``"contiguous"``), and its metrics."""
+    ``"paged"`` or ``"contiguous"``, continuous or static batching), and its metrics."""
     engine = LLMEngine(model, num_blocks=256, block_size=16, max_num_seqs=batch,
-                       max_num_batched_tokens=256, kv_storage=kv_storage)
+                       max_num_batched_tokens=256, kv_storage=kv_storage,
+                       static_batching=static_batching)
     params = [SamplingParams(n, ignore_eos=True) for n in new]
     t = time.perf_counter()
     outs = engine.run(prompts, params, use_tqdm=False)
@@ -107,28 +73,28 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     print(machine().replace("torch.set_num_threads(2)", f"torch.set_num_threads({a.threads})"))
-    model = shared_model()
+    model = with_context_length(load_pretrained()[0], MAX_POS)
 
-    t64, t1024 = decode_time(model, 64, a.repeats), decode_time(model, 1024, a.repeats)
+    t64, t1024 = time_decode(model, [64, 1024], repeats=a.repeats)
     print(f"1. decode step with cache: context 64 {t64 * 1e3:.3f} ms, context 1024 "
           f"{t1024 * 1e3:.3f} ms; ratio 1024/64 = {t1024 / t64:.2f} (target <= 2.0)")
 
-    cached, full = decode_time(model, 512, a.repeats), recompute_time(model, 512, 10)
+    (cached,), (full,) = time_decode(model, [512], repeats=a.repeats), \
+        time_recompute(model, [512], repeats=10)
     print(f"2. context 512: cached decode {cached * 1e3:.3f} ms, full recompute "
           f"{full * 1e3:.3f} ms; ratio = {full / cached:.1f}x (target >= 5x)")
 
     prompts, new = workload(a.requests)
-    continuous_batching(model, prompts[:2], new[:2], a.batch, a.kv_storage)   # warm-up
-    t_static = static_batching(model, prompts, new, a.batch)
-    t_cont, m = continuous_batching(model, prompts, new, a.batch, a.kv_storage)
+    serve(model, prompts[:2], new[:2], a.batch, a.kv_storage)               # warm-up
+    t_static, ms = serve(model, prompts, new, a.batch, a.kv_storage, static_batching=True)
+    t_cont, m = serve(model, prompts, new, a.batch, a.kv_storage)
     tokens = sum(new)
     print(f"3. {a.requests} requests, {tokens} new tokens, {a.batch} seats, {a.kv_storage} "
-          f"KV: static "
-          f"{tokens / t_static:.0f} tok/s ({t_static:.2f} s), continuous "
+          f"KV: static {tokens / t_static:.0f} tok/s ({t_static:.2f} s), continuous "
           f"{tokens / t_cont:.0f} tok/s ({t_cont:.2f} s); ratio = {t_static / t_cont:.2f}x "
           f"(target >= 1.5x)")
-    print(f"   engine: {m['num_steps']} steps, mean TTFT {m['mean_ttft_s'] * 1e3:.0f} ms, "
-          f"mean TPOT {m['mean_tpot_s'] * 1e3:.1f} ms, mean e2e {m['mean_e2e_s']:.2f} s, "
+    print(f"   engine: {m['num_steps']} steps (static {ms['num_steps']}), mean TTFT "
+          f"{m['mean_ttft_s'] * 1e3:.0f} ms, mean TPOT {m['mean_tpot_s'] * 1e3:.1f} ms, mean e2e {m['mean_e2e_s']:.2f} s, "
           f"{m['num_preemptions']} preemptions")
 
 

@@ -73,3 +73,59 @@ def test_presets_cite_sources_and_cpu_probe_smoke():
     assert "measured" in cpu.source
     r = roofline(preset("tiny-dense"), cpu, "decode", 1, 16, dtype="fp32")
     assert r["tokens_per_s"] > 0 and r["comm_s"] == 0
+
+
+# ---- one bytes formula: roofline's memory term is costmodel.forward_bytes
+from tokenflow import Trace  # noqa: E402
+from tokenflow.costmodel import forward_bytes  # noqa: E402
+from tokenflow.roofline import arithmetic_intensity, ridge_point  # noqa: E402
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-dense", "Llama-3-8B", "DeepSeek-V3"])
+@pytest.mark.parametrize("phase,batch,context", [("decode", 4, 100), ("prefill", 2, 64)])
+def test_roofline_memory_is_forward_bytes(name, phase, batch, context):
+    """tp = ep = 1: a decode step feeds 1 token after ``context - 1``, a prefill ``context``
+    after none; the memory term must be exactly forward_bytes of that pass."""
+    cfg = preset(name) if name.startswith("tiny") else reference_config(name)
+    new = 1 if phase == "decode" else context
+    r = roofline(cfg, hardware("H100"), phase, batch, context, bytes_per_param=1,
+                 kv_bytes_per_element=2)
+    assert r["memory_bytes"] == forward_bytes(cfg, new, context - new, batch, 1,
+                                              kv_bytes_per_element=2)
+
+
+def test_expert_parallel_reads_only_the_device_experts():
+    """EP spreads the routed experts: with a huge batch every expert is touched, so one of
+    ``ep`` devices reads ``1/ep`` of the routed-expert bytes the single device reads."""
+    cfg = preset("tiny")
+    b = param_breakdown(cfg)
+    one = forward_bytes(cfg, 1, 0, 10_000, 1)
+    four = forward_bytes(cfg, 1, 0, 10_000, 1, ep_size=4)
+    assert one - four == pytest.approx(b["routed_experts"] * 3 / 4)
+
+
+@pytest.mark.parametrize("B,cached,new", [(1, 0, 8), (3, 6, 1)])
+def test_arithmetic_intensity_is_counted_flops_over_tensor_bytes(B, cached, new):
+    """Numerator from torch's FLOP counter (explicit-attention path), denominator from the
+    real tensors: weights but the embedding table, embedding rows looked up, the cache."""
+    torch.manual_seed(0)
+    model = TokenFlowModel(preset("tiny-dense")).eval()
+    cfg = model.config
+    cache = KVCache(cfg, B, cached + new)                       # fp32, every slot used
+    with torch.no_grad():
+        if cached:
+            model(torch.randint(3, cfg.vocab_size, (B, cached)), kv_cache=cache)
+        with FlopCounterMode(display=False) as fc:
+            model(torch.randint(3, cfg.vocab_size, (B, new)), kv_cache=cache,
+                  trace=Trace(keep_tensors=True))
+    weights = sum(p.numel() for n, p in model.named_parameters() if n != "embed_tokens.weight")
+    nbytes = (weights + B * new * cfg.hidden_size) * 4 + cache.nbytes()
+    assert arithmetic_intensity(cfg, new, cached, B, 4) == pytest.approx(
+        fc.get_total_flops() / nbytes, rel=1e-12)
+
+
+def test_ridge_point_of_h100_from_its_datasheet():
+    assert ridge_point(hardware("H100")) == pytest.approx(989e12 / 3.35e12)
+    assert ridge_point(hardware("H100"), "fp8") == pytest.approx(1979e12 / 3.35e12)
+    with pytest.raises(ValueError, match="dtype"):
+        ridge_point(hardware("H100"), "int3")

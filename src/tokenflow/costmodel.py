@@ -541,31 +541,44 @@ def expected_experts_touched(num_experts: int, top_k: int, num_tokens: int) -> f
 
 
 def forward_bytes(config: ModelConfig, new_tokens: int, cached_tokens: int = 0,
-                  batch_size: int = 1, bytes_per_element: float = 2) -> float:
-    """Least bytes one forward pass moves to and from memory: every weight it uses read once
-    (shared by the whole batch), the KV cache read (``batch_size * cached_tokens`` tokens) and
-    the new K/V written (``batch_size * new_tokens`` tokens), at ``bytes_per_element`` each.
+                  batch_size: int = 1, bytes_per_element: float = 2, *,
+                  kv_bytes_per_element: float | None = None, tp_size: int = 1,
+                  ep_size: int = 1) -> float:
+    """Least bytes one forward pass moves to and from memory on one device: every weight it
+    uses read once (shared by the whole batch), the KV cache read (``batch_size *
+    cached_tokens`` tokens) and the new tokens' K/V **written** (``batch_size * new_tokens``
+    tokens): ``kv_cache_bytes(config, batch_size, cached_tokens + new_tokens)``, so sliding
+    layers count at most ``sliding_window`` slots. The one bytes formula of the book:
+    :func:`tokenflow.roofline.roofline`'s ``memory_bytes`` is this function.
 
-    Weights: all parameters but the input embedding (one row per token is read, counted
-    here at ``H`` elements per token); in MoE layers only the routed experts the batch's
-    ``batch_size * new_tokens`` tokens are expected to touch
-    (:func:`expected_experts_touched`). Activations are left out (they stay in caches and
-    registers in a fused kernel), so this is a lower bound.
+    Weights (``bytes_per_element`` each): all parameters but the input embedding table (one
+    row per token is read, ``H`` elements per token); in MoE layers only the routed experts
+    the tokens are expected to touch (:func:`expected_experts_touched`). Activations are left
+    out (they stay in caches and registers in a fused kernel), so this is a lower bound.
+
+    Parallelism (the layout of :func:`weight_bytes_per_device`): ``tp_size`` splits attention,
+    dense FFN, shared experts, LM head, the embedding rows and the KV heads; ``ep_size`` gives
+    the device ``E / ep_size`` experts, touched by the ``T * max(ep_size // tp_size, 1)``
+    tokens of the expert-parallel group (each of its tensor-parallel groups runs its own
+    ``T = batch_size * new_tokens``). ``kv_bytes_per_element``: the cache's element size
+    (``None``: ``bytes_per_element``).
 
     Raises:
-        ValueError: ``new_tokens`` or ``batch_size`` < 1, ``cached_tokens`` < 0, or
-            ``bytes_per_element <= 0``.
+        ValueError: ``new_tokens`` or ``batch_size`` < 1, ``cached_tokens`` < 0, element sizes
+            <= 0, or the errors of :func:`weight_bytes_per_device` and :func:`kv_cache_bytes`.
     """
     _check_count("new_tokens", new_tokens, 1)
     _check_count("cached_tokens", cached_tokens, 0)
     _check_count("batch_size", batch_size, 1)
     _check_bytes(bytes_per_element)
+    kv_b = bytes_per_element if kv_bytes_per_element is None else kv_bytes_per_element
     c, T = config, batch_size * new_tokens
-    weights = param_count(c) - (0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size)
+    w = weight_bytes_per_device(c, tp_size, ep_size, bytes_per_element)
+    table = 0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size
+    rows = T * c.hidden_size                                    # the embedding rows looked up
+    weights = w["total"] + (rows - table) / tp_size * bytes_per_element
     if c.num_experts:
-        per_expert = _ffn_params(c, c.moe_intermediate_size)
-        unused = c.num_experts - expected_experts_touched(c.num_experts,
-                                                          c.num_experts_per_tok, T)
-        weights -= num_moe_layers(c) * unused * per_expert
-    kv = kv_cache_bytes_per_token(c, 1) * batch_size * (cached_tokens + new_tokens)
-    return (weights + T * c.hidden_size + kv) * bytes_per_element
+        touched = expected_experts_touched(c.num_experts, c.num_experts_per_tok,
+                                           T * max(ep_size // tp_size, 1))
+        weights -= w["expert_parallel"] * (1 - touched / c.num_experts)
+    return weights + kv_cache_bytes(c, batch_size, cached_tokens + new_tokens, kv_b, tp_size)

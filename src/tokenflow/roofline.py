@@ -17,11 +17,11 @@ import os
 import time
 
 from .config import ModelConfig
-from .costmodel import (_check_count, _check_countable, kv_cache_bytes, moe_comm_bytes_per_token,
-                        num_moe_layers, weight_bytes_per_device)
+from .costmodel import (_check_count, _check_countable, forward_bytes, moe_comm_bytes_per_token,
+                        num_moe_layers)
 
-__all__ = ["HardwareSpec", "HARDWARE", "hardware", "probe_cpu", "forward_flops",
-           "flops_per_token", "roofline"]
+__all__ = ["HardwareSpec", "HARDWARE", "hardware", "ridge_point", "probe_cpu", "forward_flops",
+           "flops_per_token", "arithmetic_intensity", "roofline"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +83,19 @@ def hardware(name: str) -> HardwareSpec:
     if name not in HARDWARE:
         raise ValueError(f"name must be one of {sorted(HARDWARE) + ['cpu']}, got {name!r}")
     return HARDWARE[name]
+
+
+def ridge_point(hw: HardwareSpec, dtype: str = "bf16") -> float:
+    """The roofline's ridge point in FLOPs per byte: ``hw.peak_flops[dtype] /
+    hw.memory_bandwidth``. A pass whose :func:`arithmetic_intensity` is below it is
+    memory-bound on ``hw``, above it compute-bound (Williams, Waterman and Patterson 2009).
+
+    Raises:
+        ValueError: ``dtype`` not in ``hw.peak_flops``.
+    """
+    if dtype not in hw.peak_flops:
+        raise ValueError(f"dtype must be one of {sorted(hw.peak_flops)}, got {dtype!r}")
+    return hw.peak_flops[dtype] / hw.memory_bandwidth
 
 
 def probe_cpu(seconds: float = 0.3) -> HardwareSpec:
@@ -194,6 +207,25 @@ def flops_per_token(config: ModelConfig, context_len: int, phase: str = "decode"
     raise ValueError(f"phase must be 'decode' or 'prefill', got {phase!r}")
 
 
+def arithmetic_intensity(config: ModelConfig, new_tokens: int, cached_tokens: int = 0,
+                         batch_size: int = 1, bytes_per_element: float = 2) -> float:
+    """FLOPs per byte of one forward pass on one device: ``batch_size`` sequences each feeding
+    ``new_tokens`` tokens after ``cached_tokens`` cached ones (prefill: ``new_tokens = S,
+    cached_tokens = 0``; a decode step: ``new_tokens = 1``). Numerator
+    :func:`forward_flops` ``(config, batch_size, new_tokens, cached_tokens)["total"]`` (LM
+    head at every new position); denominator
+    :func:`~tokenflow.costmodel.forward_bytes` (weights read once, KV read and written, at
+    ``bytes_per_element``). Compare with :func:`ridge_point`.
+
+    Raises:
+        ValueError: the errors of the two functions (counts out of range,
+            ``bytes_per_element <= 0``).
+    """
+    flops = forward_flops(config, batch_size, new_tokens, cached_tokens)["total"]
+    return flops / forward_bytes(config, new_tokens, cached_tokens, batch_size,
+                                 bytes_per_element)
+
+
 def roofline(config: ModelConfig, hw: HardwareSpec, phase: str, batch: int, context_len: int,
              tp_size: int = 1, ep_size: int = 1, dtype: str = "bf16",
              bytes_per_param: float = 2, kv_bytes_per_element: float = 2,
@@ -206,10 +238,11 @@ def roofline(config: ModelConfig, hw: HardwareSpec, phase: str, batch: int, cont
     ``context_len`` prompt.
 
     * compute: ``tokens * flops_per_token / tp_size / peak_flops[dtype]``.
-    * memory: weights this device reads (its tensor-parallel and replicated share, plus its
-      experts that the step's tokens touch: ``1 - (1 - K/E)**T`` of them for ``T`` tokens
-      routed in the EP group, uniform routing) and the KV cache of the batch (read in
-      decode, written in prefill), over ``memory_bandwidth``.
+    * memory: :func:`~tokenflow.costmodel.forward_bytes` of the step on this device (its
+      share of the weights, only the experts the step's tokens touch, the embedding rows
+      looked up; the KV cache of the batch: decode reads ``context_len - 1`` slots per
+      sequence and writes one, prefill writes ``context_len``), over ``memory_bandwidth``.
+      Weights at ``bytes_per_param``, cache at ``kv_bytes_per_element``.
     * communication: EP dispatch + combine (:func:`~tokenflow.costmodel.
       moe_comm_bytes_per_token` with ``hw.gpus_per_node`` and ``max_nodes_per_token``) per
       token and MoE layer over the scale-out and scale-up links; TP: two ring all-reduces of
@@ -231,13 +264,9 @@ def roofline(config: ModelConfig, hw: HardwareSpec, phase: str, batch: int, cont
     per_seq = 1 if phase == "decode" else context_len
     T = batch * per_seq                                         # new tokens on this device
     flops = T * flops_per_token(c, context_len, phase) / tp_size
-    w = weight_bytes_per_device(c, tp_size, ep_size, bytes_per_param)
-    expert_bytes = w["expert_parallel"]
-    if c.num_experts:
-        t_group = T * max(ep_size // tp_size, 1)
-        expert_bytes *= 1 - (1 - c.num_experts_per_tok / c.num_experts) ** t_group
-    mem = w["tensor_parallel"] + w["replicated"] + expert_bytes + \
-        kv_cache_bytes(c, batch, context_len, kv_bytes_per_element, tp_size)
+    mem = forward_bytes(c, per_seq, context_len - per_seq, batch, bytes_per_param,
+                        kv_bytes_per_element=kv_bytes_per_element, tp_size=tp_size,
+                        ep_size=ep_size)
     up, out = _comm_bytes(c, hw, T, tp_size, ep_size, bytes_per_param, max_nodes_per_token)
     times = {"compute_s": flops / hw.peak_flops[dtype], "memory_s": mem / hw.memory_bandwidth,
              "comm_s": _seconds(up, hw.scale_up_bandwidth) + _seconds(out,
