@@ -1098,3 +1098,35 @@ def serving_panel(model, token_ids: list[int], batch_size: int = 8, prompt_len: 
     print(f"  pool: {engine.block_manager.num_blocks} blocks, at most {peak} in use at once")
     return serving_timeline(request_timeline(engine, arrivals),
                             title=f"{batch_size} requests, {max_num_seqs} seats")
+
+
+# ---- chapter 8: further topics
+__all__ += ["cache_per_sequence_plot"]
+
+
+def cache_per_sequence_plot(layouts, contexts, bytes_per_element: float = 2, title: str = ""):
+    """Cache bytes one sequence holds (GiB, log-log) against its length, one line per
+    :class:`tokenflow.attention_kinds.CacheLayout`: straight lines of slope 1 for layouts
+    whose every layer keeps K/V, bending flat where sliding windows fill and constant states
+    dominate. Layouts whose name ends in ``*`` (what-if variants) are dashed.
+
+    Raises:
+        ValueError: empty ``layouts`` or ``contexts``.
+    """
+    if not layouts or not contexts:
+        raise ValueError("layouts and contexts must be non-empty")
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    cmap = plt.get_cmap("tab10")
+    for i, lay in enumerate(layouts):
+        gib = [lay.bytes(n, 1, bytes_per_element) / 2**30 for n in contexts]
+        ax.plot(contexts, gib, "--" if lay.name.endswith("*") else "-", color=cmap(i),
+                lw=1.6, label=lay.name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens in the sequence (context length)")
+    ax.set_ylabel("cache per sequence (GiB)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(title or "what one sequence keeps, by attention kind", fontsize=10)
+    fig.tight_layout()
+    return fig
