@@ -58,6 +58,7 @@ __all__ = ["Router", "MoE", "route", "route_reference", "check_top_k", "Dispatch
 _SCORING = ("softmax", "sigmoid")
 # Grouped matrix product (torch >= 2.10 public; older: the private op; None: not available).
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+_GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)            # what it accepts
 
 
 # ----------------------------------------------------------------------------- routing
@@ -132,7 +133,7 @@ def route(x: torch.Tensor, weight: torch.Tensor, top_k: int, *, scoring_func: st
     if bias is not None and tuple(bias.shape) != (E,):
         raise ValueError(f"bias must have shape [E={E}], got {list(bias.shape)}")
     T = x.shape[0]
-    logits = x.float() @ weight.float().t()                               # [T, E]
+    logits = F.linear(x.float(), weight.float())                          # [T, E]
     if scoring_func == "softmax":
         scores = logits.softmax(dim=-1)                                   # [T, E]
         choice = scores                                                   # [T, E]
@@ -475,7 +476,8 @@ class MoE(nn.Module):
                           weights: torch.Tensor) -> torch.Tensor:
         """A single token (batch-1 decode): run its ``K`` experts one after the other and add
         ``w_k * expert_k(x)``, in expert order (the order :func:`combine` adds them in).
-        Reads the ``K`` expert ids on the host (``tolist``; on the CPU a plain read).
+        Reads the ``K`` expert ids and weights on the host (``tolist``; on the CPU a plain
+        read, not a wait for a device).
 
         Args:
             x: ``[1, H]``; indices, weights: ``[1, K]`` from the router (not checked).
@@ -484,20 +486,22 @@ class MoE(nn.Module):
             ``[1, H]``: the routed part of the MoE output.
         """
         out = None
-        for e, k in sorted((e, k) for k, e in enumerate(indices[0].tolist())):
-            y = self.experts[e](x) * weights[:, k:k + 1].to(x.dtype)       # [1, H]
+        for e, w in sorted(zip(indices[0].tolist(), weights[0].tolist())):
+            y = self.experts[e](x) * w                                     # [1, H]
             out = y if out is None else out + y
         return out
 
     def routed_experts(self, x: torch.Tensor, indices: torch.Tensor,
                        weights: torch.Tensor) -> torch.Tensor:
         """The routed part ``[T, H]`` by the fastest equal path: :meth:`dispatch_combine`
-        when gradients are on (training: per-expert weights get their gradients) or there is
-        no grouped matrix product; :meth:`one_token_experts` for one token on the CPU (for
-        large experts, one matrix-vector product per chosen expert beats the grouped
-        kernel); else :meth:`grouped_experts`."""
+        when gradients are on (training: per-expert weights get their gradients), there is
+        no grouped matrix product or it does not take the dtype (float64);
+        :meth:`one_token_experts` for one token on the CPU (for large experts, one
+        matrix-vector product per chosen expert beats the grouped kernel); else
+        :meth:`grouped_experts`."""
         T = x.shape[0]
-        if torch.is_grad_enabled() or _grouped_mm is None or T == 0:
+        if (torch.is_grad_enabled() or _grouped_mm is None or T == 0
+                or x.dtype not in _GROUPED_DTYPES):
             return self.dispatch_combine(x, indices, weights)
         if T == 1 and x.device.type == "cpu":
             return self.one_token_experts(x, indices, weights)
