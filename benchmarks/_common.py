@@ -53,7 +53,7 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def machine() -> str:
+def machine(threads: int = THREADS) -> str:
     """One line: CPU model, cores, threads used, torch and transformers versions."""
     cpu = platform.processor() or "cpu"
     try:
@@ -65,6 +65,6 @@ def machine() -> str:
     except OSError:
         pass
     import transformers
-    return (f"{cpu}, {os.cpu_count()} cores, torch.set_num_threads({THREADS}); "
+    return (f"{cpu}, {os.cpu_count()} cores, torch.set_num_threads({threads}); "
             f"Python {platform.python_version()}, torch {torch.__version__}, "
             f"transformers {transformers.__version__}")

@@ -6,8 +6,9 @@ Extracts ``src/tokenflow`` of the revision (``git archive``) into a temporary fo
 same script under both packages in fresh processes (``torch.set_num_threads(2)``) and
 compares every output tensor with ``torch.equal``: logits of the trained tiny model (full
 forward, prefill + 8 decode steps, left-padded batch), greedy ids of ``generate`` (with and
-without padding), and full-forward logits / greedy ids of random ``small-moe`` and
-``tiny-dense`` models. Prints one line per output and exits 1 if any differs.
+without padding), full-forward logits / greedy ids of random ``small-moe`` and
+``tiny-dense`` models, and of random ``tiny`` MoE models with softmax and with grouped sigmoid
+routing at batch 1, 2 and 8 (each MoE execution path). Prints one line per output and exits 1 if any differs.
 """
 from __future__ import annotations
 
@@ -49,6 +50,19 @@ with torch.inference_mode():
         ids = torch.randint(3, 512, (2, 100))
         res[name + " forward"] = m(ids)
         res[name + " generate"] = generate(m, ids[:, :10], 20, **NO_EOS)
+    # the MoE paths at batch 1, 2 and 8, softmax and DeepSeek-style sigmoid routing
+    for label, kw in [("tiny softmax", {}),
+                      ("tiny sigmoid+groups", dict(scoring_func="sigmoid", n_group=2,
+                                                   topk_group=1, routed_scaling_factor=2.5))]:
+        torch.manual_seed(2)
+        m = TokenFlowModel(preset("tiny", max_position_embeddings=256, **kw)).eval()
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.08)
+        for B in (1, 2, 8):
+            ids = torch.randint(3, 512, (B, 12))
+            res[f"{label} b{B} generate"] = generate(m, ids, 24, **NO_EOS)
+            res[f"{label} b{B} forward"] = m(ids)
 torch.save(res, sys.argv[2])
 '''
 

@@ -53,6 +53,71 @@ def test_vectorised_equals_reference_loop(family, E, K, T, shared):
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("E,K", SHAPES)
+@pytest.mark.parametrize("T", [1, 2, 9])
+def test_every_expert_path_equals_reference_loop(family, E, K, T):
+    """The speed paths (grouped matmul over stacked weights, the one-token path, the picker)
+    against the token-by-token loop, on the same router choices; and equal to the teaching
+    path dispatch -> run_experts -> combine."""
+    if family.get("n_group", 1) > 1 and family["topk_group"] * (E // family["n_group"]) < K:
+        family = dict(family, topk_group=family["n_group"])
+    moe = make_moe(seed=E + K + T, num_experts=E, num_experts_per_tok=K, num_shared_experts=0,
+                   **family)
+    x = torch.randn(T, moe.gate.weight.shape[1])
+    with torch.no_grad():
+        idx, w, _ = moe.gate(x)
+        slow = moe_reference_loop(moe, x, idx, w)                     # [T, H]
+        teaching = moe.dispatch_combine(x, idx, w)                    # [T, H]
+        paths = {"grouped": moe.grouped_experts(x, idx, w),
+                 "picked": moe.routed_experts(x, idx, w)}
+        if T == 1:
+            paths["one token"] = moe.one_token_experts(x, idx, w)
+    for name, out in paths.items():
+        torch.testing.assert_close(out, slow, atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(out, teaching, atol=1e-6, rtol=1e-6, msg=name)
+
+
+def _max_diff_to_loop(moe, x):
+    with torch.no_grad():
+        idx, w, _ = moe.gate(x)
+        fast = moe.routed_experts(x, idx, w)                          # grouped (float32)
+        return (fast - moe_reference_loop(moe, x, idx, w)).abs().max()
+
+
+def test_stacked_weights_are_the_expert_weights():
+    """One copy: each expert's Linear weights are views of the stacked tensors, so updates in
+    place, load_state_dict and dtype changes all reach the grouped path."""
+    moe = make_moe(num_experts=4, num_experts_per_tok=2, num_shared_experts=0)
+    gate_up, down = moe.stacked_weights()
+    I, H = moe.experts[0].gate_proj.weight.shape
+    assert gate_up.shape == (4, 2 * I, H) and down.shape == (4, H, I)
+    for e, f in enumerate(moe.experts):                               # same memory
+        assert f.gate_proj.weight.data_ptr() == gate_up[e, :I].data_ptr()
+        assert f.up_proj.weight.data_ptr() == gate_up[e, I:].data_ptr()
+        assert f.down_proj.weight.data_ptr() == down[e].data_ptr()
+    x = torch.randn(5, H)
+    with torch.no_grad():
+        moe.experts[2].up_proj.weight.mul_(3.0)                       # in place
+    assert _max_diff_to_loop(moe, x) < 1e-5
+    other = make_moe(seed=7, num_experts=4, num_experts_per_tok=2, num_shared_experts=0)
+    moe.load_state_dict(other.state_dict())
+    assert _max_diff_to_loop(moe, x) < 1e-5
+    moe.load_state_dict(make_moe(seed=8, num_experts=4, num_experts_per_tok=2,
+                                 num_shared_experts=0).state_dict(), assign=True)
+    assert _max_diff_to_loop(moe, x) < 1e-5                           # stacked again
+    moe.to(torch.float64)                                             # new tensors
+    assert moe.stacked_weights()[0].dtype == torch.float64
+    assert moe.experts[1].down_proj.weight.data_ptr() == moe.stacked_weights()[1][1].data_ptr()
+    assert _max_diff_to_loop(moe, x.double()) < 1e-12                 # (dispatch_combine)
+
+
+def test_training_still_reaches_every_expert_weight():
+    moe = make_moe(num_experts=4, num_experts_per_tok=2).train()
+    moe(torch.randn(1, 16, moe.gate.weight.shape[1])).sum().backward()
+    assert all(f.gate_proj.weight.grad is not None for f in moe.experts)
+
+
 def test_pretrained_moe_layers_equal_reference_loop(pretrained):
     model, tok = pretrained
     ids = torch.tensor([tok.encode("北京是中国的首")])

@@ -22,13 +22,21 @@ the reference loop alike, so both always pick the same experts.
 
 Shared experts (DeepSeekMoE) see every token and are added unweighted.
 
-Two ways to run the routed experts, proven equal by the tests:
+Ways to run the routed experts, proven equal by the tests:
 
 * :func:`moe_reference_loop`: the obvious way, token by token, expert by expert.
 * :meth:`MoE.dispatch_combine` = :func:`dispatch` -> :func:`run_experts` -> :func:`combine`:
   sort the ``P`` pairs by expert, run each expert once on its block of rows, scatter-add back.
   The same grouping is what expert parallelism sends over all-to-all
-  (:mod:`tokenflow.expert_parallel`).
+  (:mod:`tokenflow.expert_parallel`). These two are the chapter's teaching pair.
+* :meth:`MoE.grouped_experts`: the same sort, then every expert at once: two grouped matrix
+  products over the experts' weights stacked as HF stores them (``gate_up [E, 2I, H]``,
+  ``down [E, H, I]``; HF's ``grouped_mm`` experts backend). No Python loop over experts, no
+  host sync. :meth:`MoE.one_token_experts`: a single token (batch-1 decode) runs its ``K``
+  experts directly, with no sort at all.
+
+:meth:`MoE.forward` picks the fastest of them (:meth:`MoE.routed_experts`); all give the same
+numbers (the same products, added in the same order).
 """
 from __future__ import annotations
 
@@ -37,6 +45,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
@@ -47,6 +56,9 @@ __all__ = ["Router", "MoE", "route", "route_reference", "check_top_k", "Dispatch
            "switch_balance_loss", "moe_inputs"]
 
 _SCORING = ("softmax", "sigmoid")
+# Grouped matrix product (torch >= 2.10 public; older: the private op; None: not available).
+_grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+_GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)            # what it accepts
 
 
 # ----------------------------------------------------------------------------- routing
@@ -121,7 +133,7 @@ def route(x: torch.Tensor, weight: torch.Tensor, top_k: int, *, scoring_func: st
     if bias is not None and tuple(bias.shape) != (E,):
         raise ValueError(f"bias must have shape [E={E}], got {list(bias.shape)}")
     T = x.shape[0]
-    logits = x.float() @ weight.float().t()                               # [T, E]
+    logits = F.linear(x.float(), weight.float())                          # [T, E]
     if scoring_func == "softmax":
         scores = logits.softmax(dim=-1)                                   # [T, E]
         choice = scores                                                   # [T, E]
@@ -140,7 +152,8 @@ def route(x: torch.Tensor, weight: torch.Tensor, top_k: int, *, scoring_func: st
     weights = scores.gather(1, indices)                                   # [T, K] unbiased
     if norm_topk_prob:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)   # [T, K]
-    weights = weights * routed_scaling_factor                             # [T, K]
+    if routed_scaling_factor != 1.0:                                      # x * 1.0 == x
+        weights = weights * routed_scaling_factor                         # [T, K]
     return indices, weights, logits
 
 
@@ -357,6 +370,9 @@ class MoE(nn.Module):
     ``gate_proj / up_proj / down_proj``), ``shared_experts`` (:class:`FFN` or ``None``).
     ``config`` keeps the :class:`ModelConfig` it was built from (so copies can be rebuilt,
     e.g. on the ranks of :mod:`tokenflow.expert_parallel`).
+
+    The routed experts' weights live in two stacked tensors (see :meth:`stacked_weights`);
+    each ``experts[i]`` Linear weight is a view of its slice, so there is one copy.
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int = 0):
@@ -373,7 +389,40 @@ class MoE(nn.Module):
         self.shared_experts = (FFN(config.hidden_size,
                                    config.moe_intermediate_size * config.num_shared_experts)
                                if config.num_shared_experts > 0 else None)
+        self._stacked, self._stacked_ptrs = None, None
+        self.stacked_weights()
 
+    # ------------------------------------------------------------- stacked expert weights
+    def _expert_weights(self) -> list[torch.Tensor]:
+        return [w for f in self.experts
+                for w in (f.gate_proj.weight, f.up_proj.weight, f.down_proj.weight)]
+
+    @torch.no_grad()
+    def stacked_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The routed experts' weights in HF's layout (``Qwen2MoeExperts``, ``MixtralExperts``):
+        ``gate_up [E, 2I, H]`` (expert ``e``'s ``gate_proj`` rows, then its ``up_proj`` rows)
+        and ``down [E, H, I]``.
+
+        One copy of the weights: stacking moves them into these two tensors and makes each
+        ``experts[e].gate_proj.weight`` (and up, down) a view of its slice, so in-place
+        updates (``load_state_dict``, an optimiser step) show in both. If a weight was replaced
+        since (``.to(dtype)``, ``load_state_dict(assign=True)``, a new expert module), this call
+        notices (the views' data pointers changed) and stacks again.
+        """
+        weights = self._expert_weights()
+        if [w.data_ptr() for w in weights] != self._stacked_ptrs:
+            I = self.experts[0].gate_proj.weight.shape[0]
+            gate_up = torch.stack([torch.cat(weights[i:i + 2]) for i in range(0, len(weights), 3)])
+            down = torch.stack(weights[2::3])                              # [E, H, I]
+            for e, f in enumerate(self.experts):                           # gate_up [E, 2I, H]
+                f.gate_proj.weight.data = gate_up[e, :I]
+                f.up_proj.weight.data = gate_up[e, I:]
+                f.down_proj.weight.data = down[e]
+            self._stacked = (gate_up, down)
+            self._stacked_ptrs = [w.data_ptr() for w in self._expert_weights()]
+        return self._stacked
+
+    # ------------------------------------------------------------- ways to run the experts
     def dispatch_combine(self, x: torch.Tensor, indices: torch.Tensor,
                          weights: torch.Tensor) -> torch.Tensor:
         """Vectorised dispatch -> expert compute -> combine.
@@ -387,34 +436,111 @@ class MoE(nn.Module):
 
         Returns:
             ``[T, H]``: the routed part of the MoE output.
+
+        Raises:
+            ValueError: from :func:`dispatch` (shapes, indices outside ``[0, E)``).
         """
         d = dispatch(x, indices, weights, self.num_experts)               # hidden [T*K, H]
         expert_out = run_experts(self.experts, d.hidden, d.counts)        # [T*K, H]
         return combine(expert_out, d)                                     # [T, H]
 
+    def grouped_experts(self, x: torch.Tensor, indices: torch.Tensor,
+                        weights: torch.Tensor) -> torch.Tensor:
+        """:meth:`dispatch_combine` with every expert at once: sort the pairs by expert, then
+        one grouped matrix product for all experts' gate and up projections and one for their
+        down projections, over :meth:`stacked_weights` (``offs``: where each expert's block
+        of rows ends). No loop over experts and no host sync: what HF's ``grouped_mm``
+        experts backend does. Inference only (the stacked tensors carry no gradient).
+
+        Args:
+            x: ``[T, H]``; indices, weights: ``[T, K]`` from the router (not checked).
+
+        Returns:
+            ``[T, H]``: the routed part of the MoE output.
+        """
+        gate_up, down = self.stacked_weights()                            # [E,2I,H], [E,H,I]
+        T, K = indices.shape
+        I = down.shape[2]
+        flat_expert = indices.reshape(-1)                                 # [P]
+        order = flat_expert.argsort(stable=True)                          # [P]
+        token = order // K                                                # [P]
+        offs = torch.bincount(flat_expert, minlength=self.num_experts).cumsum(
+            0, dtype=torch.int32)                                         # [E] block ends
+        h = _grouped_mm(x[token], gate_up.transpose(1, 2), offs=offs)     # [P, 2I]
+        h = F.silu(h[:, :I]) * h[:, I:]                                   # [P, I]
+        y = _grouped_mm(h, down.transpose(1, 2), offs=offs)               # [P, H]
+        y = y * weights.reshape(-1)[order].to(y.dtype)[:, None]           # [P, H]
+        return x.new_zeros(T, x.shape[1]).index_add_(0, token, y)         # [T, H]
+
+    def one_token_experts(self, x: torch.Tensor, indices: torch.Tensor,
+                          weights: torch.Tensor) -> torch.Tensor:
+        """A single token (batch-1 decode): run its ``K`` experts one after the other and add
+        ``w_k * expert_k(x)``, in expert order (the order :func:`combine` adds them in).
+        Reads the ``K`` expert ids and weights on the host (``tolist``; on the CPU a plain
+        read, not a wait for a device).
+
+        Args:
+            x: ``[1, H]``; indices, weights: ``[1, K]`` from the router (not checked).
+
+        Returns:
+            ``[1, H]``: the routed part of the MoE output.
+        """
+        out = None
+        for e, w in sorted(zip(indices[0].tolist(), weights[0].tolist())):
+            y = self.experts[e](x) * w                                     # [1, H]
+            out = y if out is None else out + y
+        return out
+
+    def routed_experts(self, x: torch.Tensor, indices: torch.Tensor,
+                       weights: torch.Tensor) -> torch.Tensor:
+        """The routed part ``[T, H]`` by the fastest equal path: :meth:`dispatch_combine`
+        when gradients are on (training: per-expert weights get their gradients), there is
+        no grouped matrix product or it does not take the dtype (float64);
+        :meth:`one_token_experts` for one token on the CPU (for large experts, one
+        matrix-vector product per chosen expert beats the grouped kernel); else
+        :meth:`grouped_experts`."""
+        T = x.shape[0]
+        if (torch.is_grad_enabled() or _grouped_mm is None or T == 0
+                or x.dtype not in _GROUPED_DTYPES):
+            return self.dispatch_combine(x, indices, weights)
+        if T == 1 and x.device.type == "cpu":
+            return self.one_token_experts(x, indices, weights)
+        return self.grouped_experts(x, indices, weights)
+
     def forward(self, x: torch.Tensor, trace=None) -> torch.Tensor:
-        """``x [B,S,H] -> [B,S,H]``; records ``route top-k`` and ``dispatch/combine``."""
-        B, S, H = x.shape
+        """``x [B,S,H] -> [B,S,H]``; records ``route top-k`` and ``dispatch/combine``.
+
+        Raises:
+            ValueError: ``x`` not ``[B, S, H]`` with ``H = hidden_size``; from :func:`route`
+                (e.g. ``gate.top_k`` changed to more than ``E``).
+        """
+        H = self.gate.weight.shape[1]
+        if x.dim() != 3 or x.shape[2] != H:
+            raise ValueError(f"x must have shape [B, S, H={H}], got {list(x.shape)}")
+        B, S, _ = x.shape
         flat = x.reshape(B * S, H)                                        # [T, H]
         indices, weights, logits = self.gate(flat)                        # [T, K] x2, [T, E]
         if self.training:
             self.aux_loss = switch_balance_loss(logits, indices, self.num_experts)
-        out = self.dispatch_combine(flat, indices, weights)               # [T, H]
+        out = self.routed_experts(flat, indices, weights)                 # [T, H]
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
         out = out.view(B, S, H)
         if trace is not None:
-            where = f"layer {self.layer_idx} MoE"
-            K = indices.shape[1]
-            trace.record("route top-k", where, flat, indices,
-                         note=f"{K} of {self.num_experts} experts per token")
-            trace.record("dispatch/combine", where, flat, out,
-                         note=f"{B * S * K} (token, expert) pairs, weighted sum back")
-            if trace.keep_tensors:
-                trace.router[self.layer_idx] = {"indices": indices.detach(),
-                                                "weights": weights.detach(),
-                                                "logits": logits.detach()}
+            self._record(trace, flat, out, indices, weights, logits)
         return out
+
+    def _record(self, trace, flat, out, indices, weights, logits) -> None:
+        where = f"layer {self.layer_idx} MoE"
+        K = indices.shape[1]
+        trace.record("route top-k", where, flat, indices,
+                     note=f"{K} of {self.num_experts} experts per token")
+        trace.record("dispatch/combine", where, flat, out,
+                     note=f"{flat.shape[0] * K} (token, expert) pairs, weighted sum back")
+        if trace.keep_tensors:
+            trace.router[self.layer_idx] = {"indices": indices.detach(),
+                                            "weights": weights.detach(),
+                                            "logits": logits.detach()}
 
 
 def moe_reference_loop(moe: MoE, x: torch.Tensor, indices: torch.Tensor | None = None,
