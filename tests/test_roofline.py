@@ -12,7 +12,10 @@ from tokenflow.roofline import (HARDWARE, flops_per_token, forward_flops, hardwa
 
 
 def _counted(model, ids, cache=None) -> int:
-    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+    """FLOPs the counter sees. Gradients are on (nothing is backpropagated) so that the MoE
+    takes its explicit dispatch -> per-expert matmul -> combine path: the counter has no
+    formula for the grouped matmul of the inference path, which does the same arithmetic."""
+    with torch.enable_grad(), FlopCounterMode(display=False) as fc:
         model(ids, kv_cache=cache)
     return fc.get_total_flops()
 
