@@ -1128,5 +1128,83 @@ def cache_per_sequence_plot(layouts, contexts, bytes_per_element: float = 2, tit
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     ax.set_title(title or "what one sequence keeps, by attention kind", fontsize=10)
+
+# ---- chapter 7: the simulator's two lenses, and the roofline for a real deployment
+__all__ += ["lens_bars", "roofline_panel"]
+
+_LENS_COLOURS = {
+    "request queue": "#9e9e9e", "prefill": COLORS["hidden"], "KV cache": "#8fb8ee",
+    "decode loop": COLORS["token"], "sampling": "#1b6b2d", "response": "#b7d9bf",
+    "embedding": "#1f4f99", "attention": COLORS["hidden"], "FFN / MoE": COLORS["moe"],
+    "norm": "#8fb8ee", "LM head": COLORS["token"], "other": "#dddddd"}
+
+
+def lens_bars(pipeline: dict, blocks: dict, title: str = ""):
+    """Two stacked horizontal bars of the same run: the pipeline lens (``pipeline``: stage ->
+    seconds, as :meth:`tokenflow.lenses.LensProfile.pipeline`) above the block lens
+    (``blocks``: module class -> seconds). Segments in milliseconds, labelled when wide
+    enough; blue = hidden-state flow, yellow = MoE, green = token and decode loop.
+
+    Raises:
+        ValueError: an empty lens or a negative value.
+    """
+    for name, lens in (("pipeline", pipeline), ("blocks", blocks)):
+        if not lens or min(lens.values()) < 0:
+            raise ValueError(f"{name} must map at least one part to seconds >= 0")
+    fig, ax = plt.subplots(figsize=(9.5, 2.8))
+    total = max(sum(pipeline.values()), sum(blocks.values())) * 1e3
+    for y, lens in ((1, pipeline), (0, blocks)):
+        left = 0.0
+        for part, s in lens.items():
+            ms = s * 1e3
+            ax.barh(y, ms, left=left, color=_LENS_COLOURS.get(part, "#cccccc"),
+                    edgecolor="white", height=0.6)
+            if ms > 0.06 * total:
+                ax.text(left + ms / 2, y, f"{part}\n{ms:.0f} ms", ha="center", va="center",
+                        fontsize=8)
+            left += ms
+    ax.set_yticks([1, 0], ["pipeline lens", "block lens"])
+    ax.set_xlabel("milliseconds of engine step time (the same steps in both bars)")
+    ax.set_xlim(0, total * 1.01)
+    ax.set_title(title or "one engine run, two lenses")
+    fig.tight_layout()
+    return fig
+
+
+def roofline_panel(config, hw_name: str = "H800", phase: str = "decode", batch: int = 64,
+                   context_len: int = 4096, ep_size: int = 32, dtype: str = "fp8",
+                   bytes_per_param: float = 1, kv_bytes_per_element: float = 2,
+                   max_nodes_per_token: int | None = 4):
+    """Roofline of one step on one device (:func:`tokenflow.roofline.roofline`, tensor
+    parallel 1 as in DeepSeek's DP attention) for a hardware preset: print the three times,
+    the bound, tokens/s per device and the memory the step needs (weights + KV cache of the
+    batch, :mod:`tokenflow.costmodel`), and draw the three times as bars.
+
+    Raises:
+        ValueError: as :func:`~tokenflow.roofline.hardware` and
+            :func:`~tokenflow.roofline.roofline` (e.g. ``ep_size`` not dividing the experts).
+    """
+    from .costmodel import kv_cache_bytes, weight_bytes_per_device
+    from .roofline import hardware, roofline
+    hw = hardware(hw_name)
+    r = roofline(config, hw, phase, batch, context_len, 1, ep_size, dtype, bytes_per_param,
+                 kv_bytes_per_element, max_nodes_per_token)
+    mem = weight_bytes_per_device(config, 1, ep_size, bytes_per_param)["total"] + \
+        kv_cache_bytes(config, batch, context_len, kv_bytes_per_element)
+    print(f"{config.name} on {hw.name}, {phase}, batch {batch}, context {context_len:,}, "
+          f"EP{ep_size}, {dtype}")
+    print(f"  compute {r['compute_s'] * 1e3:.2f} ms, memory {r['memory_s'] * 1e3:.2f} ms, "
+          f"communication {r['comm_s'] * 1e3:.2f} ms -> {r['bound']}-bound")
+    print(f"  {r['tokens_per_s']:,.0f} tokens/s per device; weights + KV "
+          f"{mem / 1e9:.1f} GB of {hw.memory_bytes / 1e9:.0f} GB"
+          + ("" if mem <= hw.memory_bytes else "  (does not fit)"))
+    fig, ax = plt.subplots(figsize=(7.5, 2.2))
+    names = ["compute", "memory", "communication"]
+    vals = [r[k] * 1e3 for k in ("compute_s", "memory_s", "comm_s")]
+    ax.barh(names, vals, color=[COLORS["hidden"], "#8fb8ee", COLORS["moe"]])
+    ax.axvline(r["step_s"] * 1e3, color="black", lw=1, ls="--")
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per step (dashed: the roofline step time, the largest)")
+    ax.set_title(f"{config.name}, {phase} on one {hw.name}", fontsize=10)
     fig.tight_layout()
     return fig

@@ -512,3 +512,42 @@ def timeline_table(timelines, outputs, seconds: bool = False) -> str:
             lines.append(f"{head} {r.arrival:>7} {r.count('wait'):>5} {r.ttft_steps:>10} "
                          f"{r.finish_step:>7}")
     return "\n".join(lines)
+
+
+__all__ += ["roofline_explorer"]
+
+
+def roofline_explorer(config, **defaults):
+    """Controls for :func:`tokenflow.plots.roofline_panel`: batch per device, context
+    length, expert-parallel size (the divisors of ``config.num_experts`` that are powers of
+    two), hardware preset and phase. ``defaults`` override the starting values (``batch``,
+    ``context_len``, ``ep_size``, ``hw_name``, ``phase``). Settings the cost model refuses
+    print the error instead. Returns an ``ipywidgets.interactive``."""
+    from .plots import roofline_panel
+    from .roofline import HARDWARE
+    start = dict(batch=64, context_len=4096, ep_size=32, hw_name="H800", phase="decode")
+    start.update(defaults)
+
+    def show(batch, context_len, ep_size, hw_name, phase):
+        import matplotlib.pyplot as plt
+        try:
+            roofline_panel(config, hw_name, phase, batch, context_len, ep_size)
+        except ValueError as e:
+            print(e)
+            return
+        plt.show()
+
+    eps = [e for e in (2 ** i for i in range(11)) if not config.num_experts % e]
+    return widgets.interactive(
+        show,
+        batch=widgets.SelectionSlider(options=[2 ** i for i in range(11)],
+                                      value=start["batch"], description="batch",
+                                      continuous_update=False),
+        context_len=widgets.SelectionSlider(options=[2 ** i for i in range(7, 18)],
+                                            value=start["context_len"], description="context",
+                                            continuous_update=False),
+        ep_size=widgets.Dropdown(options=eps, value=start["ep_size"], description="EP size"),
+        hw_name=widgets.Dropdown(options=sorted(HARDWARE), value=start["hw_name"],
+                                 description="hardware"),
+        phase=widgets.ToggleButtons(options=["decode", "prefill"], value=start["phase"],
+                                    description="phase"))

@@ -1,0 +1,158 @@
+"""The two simulator lenses (chapter 7): profiling one engine run through the pipeline and
+the block lens. The parts must add up to the engine's own step times, every stage and module
+class must appear, an injected delay must land in the stage and module it was put in, and
+profiling must not change what the engine computes or leave hooks behind."""
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tokenflow.lenses import BLOCK_MODULES, PIPELINE_STAGES, profile_engine_run
+from tokenflow.serving import LLMEngine, SamplingParams, run_with_arrivals
+
+from conftest import random_model, wide_random_model
+
+SETTINGS = dict(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=32)
+
+
+def _workload():
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, 500, (n,), generator=g).tolist() for n in (9, 5, 14, 7, 11, 6)]
+    params = [SamplingParams(n, temperature=0.8, seed=i, ignore_eos=True)
+              for i, n in enumerate((6, 9, 4, 8, 5, 7))]
+    return prompts, params, [0, 0, 2, 3, 5, 9]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return wide_random_model(seed=0)
+
+
+@pytest.fixture(scope="module")
+def profiled(model):
+    engine = LLMEngine(model, **SETTINGS)
+    t0 = time.perf_counter()
+    prof = profile_engine_run(engine, *_workload())
+    return engine, prof, time.perf_counter() - t0
+
+
+def test_profiling_changes_nothing_and_leaves_no_hooks(model, profiled):
+    engine, prof, _ = profiled
+    plain = LLMEngine(model, **SETTINGS)
+    outputs, _ = run_with_arrivals(plain, *_workload())
+    assert [o.output_token_ids for o in prof.outputs] == [o.output_token_ids for o in outputs]
+    assert len(prof.steps) == len(engine.steps) == len(plain.steps)
+    for m in model.modules():
+        assert not m._forward_hooks and not m._forward_pre_hooks
+    for obj, name in ((engine.scheduler, "schedule"), (engine.runner, "execute"),
+                      (engine.runner.storage, "forward"), (engine.runner.storage.cache, "update"),
+                      (engine, "_finish")):
+        assert name not in vars(obj), f"{name} still wrapped"
+
+
+def test_every_stage_and_module_class_appears(profiled):
+    _, prof, _ = profiled
+    assert {s.phase for s in prof.steps} == {"prefill", "decode"}
+    assert all(v > 0 for k, v in prof.pipeline().items() if k != "other")
+    assert set(prof.pipeline()) == set(PIPELINE_STAGES) | {"other"}
+    assert all(prof.blocks()[k] > 0 for k in BLOCK_MODULES)
+    assert 0 < prof.kv_seconds() < prof.blocks()["attention"]
+    assert prof.pipeline("decode")["prefill"] == 0 and prof.pipeline("prefill")["decode loop"] == 0
+    assert prof.num_tokens() == sum(s.num_tokens for s in profiled[0].steps)
+
+
+def test_parts_add_up_to_the_engine_time(profiled):
+    engine, prof, wall = profiled
+    for s in prof.steps:                      # disjoint pieces inside each step's time
+        assert s.seconds == engine.steps[s.index].seconds
+        assert sum(s.stages.values()) <= s.seconds + 1e-9
+        assert sum(s.modules.values()) <= s.seconds + 1e-9
+    total = prof.total_s()
+    assert total == pytest.approx(engine.metrics()["elapsed_s"], rel=1e-12)
+    assert total <= wall                      # an independent clock around the whole run
+    for lens in (prof.pipeline(), prof.blocks()):
+        assert sum(lens.values()) == pytest.approx(total, rel=1e-9)
+        assert lens["other"] >= 0
+    # the pipeline stages cover the step almost entirely (the rest is engine bookkeeping)
+    assert prof.pipeline()["other"] < 0.2 * total
+    for phase in ("prefill", "decode"):
+        assert sum(prof.pipeline(phase).values()) == pytest.approx(prof.total_s(phase), rel=1e-9)
+
+
+def test_injected_delays_land_where_they_were_put():
+    """Sleep 3 ms in every LM-head call and 1 ms in every KV write: the block lens must put
+    the first in 'LM head', the pipeline lens the second in 'KV cache'."""
+    model = random_model(seed=1)
+    lm, slept = model.lm_head, {"head": 0.0, "kv": 0.0}
+
+    def nap(key, seconds):                     # the time really slept (sleep overshoots)
+        t0 = time.perf_counter()
+        time.sleep(seconds)
+        slept[key] += time.perf_counter() - t0
+
+    def slow_head(x):
+        nap("head", 0.003)
+        return F.linear(x, lm.weight)
+    lm.forward = slow_head
+    engine = LLMEngine(model, **SETTINGS)
+    cache = engine.runner.storage.cache
+    update = cache.update
+
+    def slow_update(*args):
+        nap("kv", 0.001)
+        return update(*args)
+    cache.update = slow_update
+    prof = profile_engine_run(engine, *_workload())
+    n_fwd, n_kv = len(prof.steps), len(prof.steps) * model.config.num_hidden_layers
+    assert slept["head"] >= n_fwd * 0.003 and slept["kv"] >= n_kv * 0.001
+    head, kv = prof.blocks()["LM head"], prof.pipeline()["KV cache"]
+    # each delay is counted where it was put (lower bound) and not where the other one was
+    # (upper bound: the other delay's total, more than the real work of that part)
+    assert slept["head"] <= head < slept["head"] + slept["kv"]
+    assert slept["kv"] <= kv < slept["kv"] + slept["head"]
+    assert prof.kv_seconds() >= slept["kv"]   # and, in the block lens, inside attention
+    assert prof.blocks()["attention"] >= prof.kv_seconds()
+
+
+def test_bad_use_raises(model):
+    prompts, params, arrivals = _workload()
+    with pytest.raises(ValueError, match="paged"):
+        profile_engine_run(LLMEngine(model, **SETTINGS, kv_storage="contiguous"), prompts,
+                           params, arrivals)
+    used = LLMEngine(model, **SETTINGS)
+    run_with_arrivals(used, prompts[:1], params[:1], [0])
+    with pytest.raises(ValueError, match="fresh"):
+        profile_engine_run(used, prompts, params, arrivals)
+    prof = profile_engine_run(LLMEngine(model, **SETTINGS), prompts[:1], params[:1], [0])
+    with pytest.raises(ValueError, match="phase"):
+        prof.pipeline("decoding")
+
+
+def test_lens_bars_and_roofline_panel(capsys):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tokenflow.costmodel import param_count, reference_config
+    from tokenflow.plots import lens_bars, roofline_panel
+    from tokenflow.widgets import roofline_explorer
+    fig = lens_bars({"prefill": 0.3, "other": 0.1}, {"attention": 0.25, "other": 0.15})
+    assert len(fig.axes[0].patches) == 4
+    with pytest.raises(ValueError, match="pipeline"):
+        lens_bars({}, {"attention": 1.0})
+    # Llama-3-8B decode, batch 1, context 1 on an H100 in bf16 is memory-bound: every weight
+    # (2 bytes) plus one token of K/V (2 * layers * kv heads * head_dim * 2 bytes) per step
+    llama = reference_config("Llama-3-8B")
+    nbytes = param_count(llama) * 2 + 2 * 32 * 8 * 128 * 2
+    roofline_panel(llama, "H100", "decode", batch=1, context_len=1, ep_size=1, dtype="bf16",
+                   bytes_per_param=2)
+    text = capsys.readouterr().out
+    assert f"{3.35e12 / nbytes:,.0f} tokens/s per device" in text
+    assert "memory-bound" in text
+    with pytest.raises(ValueError, match="ep_size"):
+        roofline_panel(reference_config("DeepSeek-V3"), ep_size=144)
+    w = roofline_explorer(reference_config("DeepSeek-V3"))
+    eps = w.children[2].options
+    assert eps[-1] == 256 and all(256 % e == 0 for e in eps)
+    plt.close("all")
