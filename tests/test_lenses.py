@@ -142,9 +142,11 @@ def test_lens_bars_and_roofline_panel(capsys):
     with pytest.raises(ValueError, match="pipeline"):
         lens_bars({}, {"attention": 1.0})
     # Llama-3-8B decode, batch 1, context 1 on an H100 in bf16 is memory-bound: every weight
-    # (2 bytes) plus one token of K/V (2 * layers * kv heads * head_dim * 2 bytes) per step
+    # but the input embedding table, plus the one embedding row looked up (2 bytes each), plus
+    # one token of K/V written (2 * layers * kv heads * head_dim * 2 bytes) per step
     llama = reference_config("Llama-3-8B")
-    nbytes = param_count(llama) * 2 + 2 * 32 * 8 * 128 * 2
+    V, H = llama.vocab_size, llama.hidden_size
+    nbytes = (param_count(llama) - V * H + H) * 2 + 2 * 32 * 8 * 128 * 2
     roofline_panel(llama, "H100", "decode", batch=1, context_len=1, ep_size=1, dtype="bf16",
                    bytes_per_param=2)
     text = capsys.readouterr().out
