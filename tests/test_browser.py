@@ -5,7 +5,8 @@ Per page of _toc.yml, at 1280 px: no console errors, no blocked (non-local) requ
 image loaded, no code or output box wider than its content without a scrollbar, math typeset
 by MathJax where the page has math, the sidebar lists every chapter, and each kernel-less
 explorer (tokenflow.viz.precomputed_explorer) shows a different output when its controls move.
-A screenshot per page at 1280 px and 390 px goes to ``_build/screenshots/``.
+A full-page screenshot per page at 1280 px and (the same page reflowed) at 390 px goes to
+``_build/screenshots/`` as JPEG.
 
 The book is built once per test run (the ``book_html_dir`` fixture in conftest.py, shared with
 tests/test_book.py). Chromium: /usr/bin/chromium, or $TOKENFLOW_CHROMIUM; the Makefile installs
@@ -73,7 +74,7 @@ def browser():
         b.close()
 
 
-def open_page(browser, base: str, path: str, width: int, settle: bool = True):
+def open_page(browser, base: str, path: str, width: int):
     """A page at ``width`` x 900 px with non-local requests blocked; returns (page, log) where
     log has ``errors`` (console errors, page errors, failed loads) and ``blocked`` URLs."""
     ctx = browser.new_context(viewport={"width": width, "height": 900})
@@ -94,9 +95,8 @@ def open_page(browser, base: str, path: str, width: int, settle: bool = True):
     page.on("response", lambda r: r.status >= 400 and log["errors"].append(
         f"HTTP {r.status}: {r.url}"))
     page.goto(base + path, wait_until="load")
-    if settle:   # let the widgets render and fetch their fonts
-        page.wait_for_function(WIDGETS_DRAWN, timeout=15_000)
-        page.evaluate("() => document.fonts.ready.then(() => null)")
+    page.wait_for_function(WIDGETS_DRAWN, timeout=15_000)   # widgets drawn, fonts fetched
+    page.evaluate("() => document.fonts.ready.then(() => null)")
     page.evaluate("() => (window.MathJax && MathJax.startup && MathJax.startup.promise) || null")
     return page, log
 
@@ -160,10 +160,10 @@ def check_page(browser, base: str, path: str) -> dict:
     name = path.replace("/", "__").removesuffix(".html")
     page.screenshot(path=str(SHOTS / f"{name}-1280.jpg"), full_page=True, quality=70)
     moves = page.evaluate(EXPLORE_JS)
+    page.set_viewport_size({"width": 390, "height": 900})   # same page, reflowed for a phone
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => r(null)))")
+    page.screenshot(path=str(SHOTS / f"{name}-390.jpg"), full_page=True, quality=70)
     page.context.close()
-    phone, _ = open_page(browser, base, path, 390, settle=False)
-    phone.screenshot(path=str(SHOTS / f"{name}-390.jpg"), full_page=True, quality=70)
-    phone.context.close()
     problems = log["errors"] + [f"blocked {u}" for u in log["blocked"]]
     problems += [f"image not loaded: {u}" for u in r["broken"]]
     problems += [f"clipped: {c}" for c in r["clipped"]] + _explore_ok(moves)
