@@ -160,8 +160,10 @@ def check_page(browser, base: str, path: str) -> dict:
     name = path.replace("/", "__").removesuffix(".html")
     page.screenshot(path=str(SHOTS / f"{name}-1280.jpg"), full_page=True, quality=70)
     moves = page.evaluate(EXPLORE_JS)
-    page.set_viewport_size({"width": 390, "height": 900})   # same page, reflowed for a phone
-    page.evaluate("() => new Promise(r => requestAnimationFrame(() => r(null)))")
+    # the same page reflowed for a phone; no transitions, so the sidebars are gone at once
+    page.add_style_tag(content="*, *::before, *::after {transition: none !important}")
+    page.set_viewport_size({"width": 390, "height": 900})
+    phone_overflow = page.evaluate("() => document.scrollingElement.scrollWidth - innerWidth")
     page.screenshot(path=str(SHOTS / f"{name}-390.jpg"), full_page=True, quality=70)
     page.context.close()
     problems = log["errors"] + [f"blocked {u}" for u in log["blocked"]]
@@ -177,7 +179,8 @@ def check_page(browser, base: str, path: str) -> dict:
     if missing:
         problems.append(f"sidebar misses {sorted(missing)}")
     return {"images": r["images"], "sliders_moved": len(moves), "equations": r["equations"],
-            "console_errors": len(log["errors"]), "problems": problems}
+            "console_errors": len(log["errors"]), "phone_overflow": phone_overflow,
+            "problems": problems}
 
 
 def test_every_page_in_chromium(browser, server):
@@ -187,10 +190,11 @@ def test_every_page_in_chromium(browser, server):
         res = check_page(browser, server, f + ".html")
         report[f] = res
         problems += [f"{f}: {p}" for p in res.pop("problems")]
-    print("\npage                              images  sliders moved  equations  console errors")
+    print("\npage                              images  sliders moved  equations  console errors"
+          "  sideways px at 390")
     for f, r in report.items():
         print(f"{f:<34}{r['images']:>6}{r['sliders_moved']:>15}{r['equations']:>11}"
-              f"{r['console_errors']:>16}")
+              f"{r['console_errors']:>16}{r['phone_overflow']:>20}")
     print(f"screenshots: {SHOTS}")
     assert not problems, "\n".join(problems)
 
