@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import FancyBboxPatch
 
 from .trace import COLORS
+from .viz.fmt import say  # re-exported: the helper lives in viz/fmt.py
 
 __all__ = ["say", "setup_notebook", "cjk_font", "topk_bar",
            "hidden_state_heatmap", "residual_stream_plot", "attention_context_plot",
@@ -38,23 +39,6 @@ def cjk_font() -> str | None:
     return None
 
 
-def say(text: str, width: int = 92) -> None:
-    """Print ``text`` wrapped to ``width`` columns, continuation lines indented under the
-    first word (so "1. ..." items stay readable on a book page without side-scrolling).
-
-    Raises:
-        ValueError: if ``width < 20``.
-    """
-    import re
-    import textwrap
-    if width < 20:
-        raise ValueError(f"width must be >= 20, got {width}")
-    m = re.match(r"(\d+\.|-)\s", text)
-    indent = " " * (len(m.group(0)) if m else 0)
-    print(textwrap.fill(text, width=width, subsequent_indent=indent,
-                        break_long_words=False, break_on_hyphens=False))
-
-
 def setup_notebook(seed: int = 0, threads: int = 1) -> None:
     """Make a chapter deterministic and readable: seed torch, fix the thread count (so
     floating-point sums run in the same order every time), set print precision and a
@@ -68,9 +52,26 @@ def setup_notebook(seed: int = 0, threads: int = 1) -> None:
     if font:
         matplotlib.rcParams["font.sans-serif"] = [font] + matplotlib.rcParams["font.sans-serif"]
     matplotlib.rcParams["axes.unicode_minus"] = False
-    matplotlib.rcParams["figure.dpi"] = 100
+    # Figures: PNG at 2x resolution shown at 120 px per inch, so matplotlib's 10 pt text is
+    # ~17 px on the page (body size) and sharp on high-DPI screens. PNG, not SVG: nbval skips
+    # image/png but compares image/svg+xml, whose bytes vary with fonts and versions.
+    matplotlib.rcParams["figure.dpi"] = 120
+    matplotlib.rcParams["savefig.dpi"] = "figure"
+    _inline_retina()
     import warnings
     warnings.filterwarnings("ignore", message="Glyph .* missing from font")
+
+
+def _inline_retina() -> None:
+    """In a Jupyter kernel, have the inline backend send PNGs at twice ``figure.dpi`` with
+    their display size in the metadata (``'retina'``); outside a kernel, do nothing."""
+    try:
+        from IPython import get_ipython
+        from matplotlib_inline.backend_inline import set_matplotlib_formats
+    except ImportError:
+        return
+    if get_ipython() is not None:
+        set_matplotlib_formats("retina")
 
 
 # --------------------------------------------------------------------- chapter 00
