@@ -590,9 +590,10 @@ def residual_stream_static(hidden_states, tokens: list[str], token_index: int = 
 
 
 def attention_static(attention_weights: dict, q_labels: list[str], k_labels: list[str],
-                     batch_index: int = 0):
+                     batch_index: int = 0, default: dict | None = None):
     """Kernel-less explorer of :func:`tokenflow.plots.attention_head_heatmap` over every
-    layer and head of ``{layer: [B, n_heads, S_q, S_k]}`` weights."""
+    layer and head of ``{layer: [B, n_heads, S_q, S_k]}`` weights (``default``: the
+    ``layer`` / ``head`` shown first)."""
     from .plots import attention_head_heatmap
     from .viz import precomputed_explorer
     layers = sorted(attention_weights)
@@ -601,7 +602,7 @@ def attention_static(attention_weights: dict, q_labels: list[str], k_labels: lis
         lambda layer, head: attention_head_heatmap(attention_weights[layer][batch_index, head],
                                                    q_labels, k_labels,
                                                    title=f"layer {layer}, head {head}"),
-        {"layer": layers, "head": list(range(nh))})
+        {"layer": layers, "head": list(range(nh))}, default=default)
 
 
 def kv_cache_static(config, seq_len=(1, 16, 64, 128), batch_size: int = 1,
@@ -614,6 +615,5 @@ def kv_cache_static(config, seq_len=(1, 16, 64, 128), batch_size: int = 1,
     return precomputed_explorer(
         lambda S, kv_heads: kv_cache_summary(config, batch_size, S, kv_heads, dtype_name),
         {"S": list(seq_len), "kv_heads": divisors},
-        default={"S": seq_len[-2] if len(seq_len) > 1 else seq_len[0],
-                 "kv_heads": config.num_key_value_heads},
+        default={"S": seq_len[-1], "kv_heads": config.num_key_value_heads},
         title=f"{config.name}: KV cache for sequence length S and K/V heads ({dtype_name})")
