@@ -576,17 +576,15 @@ def residual_stream_table(hidden_states, token_index: int, tokens: list[str],
 
 
 def residual_stream_static(hidden_states, tokens: list[str], token_index: int = -1):
-    """Kernel-less explorer of :func:`tokenflow.plots.residual_stream_plot` over every token
-    and depth (``len(tokens) * len(hidden_states)`` figures, at most 48)."""
+    """Kernel-less explorer of :func:`tokenflow.plots.residual_stream_plot` with a token
+    selector: one figure per token (every depth is a row of each figure), starting at
+    ``token_index``."""
     from .plots import residual_stream_plot
     from .viz import precomputed_explorer
-    n = len(hidden_states)
     options = [f"{i} {t}" for i, t in enumerate(tokens)]
     return precomputed_explorer(
-        lambda token, depth: residual_stream_plot(hidden_states, options.index(token), tokens,
-                                                  depth),
-        {"token": options, "depth": list(range(n))},
-        default={"token": options[token_index], "depth": n - 1})
+        lambda token: residual_stream_plot(hidden_states, options.index(token), tokens),
+        {"token": options}, default={"token": options[token_index]})
 
 
 def attention_static(attention_weights: dict, q_labels: list[str], k_labels: list[str],
