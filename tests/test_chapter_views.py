@@ -35,11 +35,12 @@ def test_trace_table_has_one_row_per_event_with_its_shapes_and_bytes(traced):
     table = trace_table(trace)
     assert len(table.rows) == len(trace.events)
     for row, e in zip(table.rows, trace.events):
-        assert row[1:6] == [e.action, e.where, str(list(e.in_shape)), str(list(e.out_shape)), e.nbytes]
+        shapes = [str(list(e.in_shape)), str(list(e.out_shape))]
+        assert row[1:6] == [e.action, e.where, *[x.replace(" ", "\u00a0") for x in shapes], e.nbytes]
     lm = trace_table(trace, where=("LM head",), note=False)
     assert len(lm.rows) == 1 and len(lm.headers) == 6
     # [B, S, H] fp32 read by the LM head -> [B, S, V]
-    assert lm.rows[0][4] == str([1, 5, model.config.vocab_size])
+    assert lm.rows[0][4] == f"[1,\u00a05,\u00a0{model.config.vocab_size}]"
     assert "project vocab" in lm._repr_html_()
 
 
@@ -49,9 +50,9 @@ def test_trace_shapes_table_router_sees_b_times_s_tokens():
     table = trace_shapes_table(cfg, B, S, E)
     route = [r for r in table.rows if r[1] == "route top-k"]
     K = min(cfg.num_experts_per_tok, E)
-    assert route and route[0][4] == str([B * S, K])
+    assert route and route[0][4] == f"[{B * S},\u00a0{K}]"
     assert {r[2] for r in table.rows} <= {"embedding", "layer 1 attention", "layer 1 MoE", "LM head"}
-    assert table.rows[-1][4] == str([B, S, cfg.vocab_size])
+    assert table.rows[-1][4] == f"[{B},\u00a0{S},\u00a0{cfg.vocab_size}]"
 
 
 def test_trace_shapes_static_embeds_every_combination():
@@ -61,7 +62,7 @@ def test_trace_shapes_static_embeds_every_combination():
     assert len(ex.fragments) == 4
     html = ex._repr_html_()
     # the fragment for B=2, S=3 (indices 1-0-x) shows the lookup [2, 3] -> [2, 3, H]
-    assert f"[2, 3, {cfg.hidden_size}]" in ex.fragments["1-0-1"]
+    assert f"[2,\u00a03,\u00a0{cfg.hidden_size}]" in ex.fragments["1-0-1"]
     assert "4 outputs" in repr(ex) and html.count('class="tf-out"') == 4
 
 

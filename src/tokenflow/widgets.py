@@ -504,10 +504,13 @@ __all__ += ["trace_table", "trace_shapes_table", "trace_shapes_static", "hidden_
 
 def trace_table(trace, where: tuple[str, ...] | None = None, note: bool = True):
     """:class:`tokenflow.trace.Trace` events as a :class:`tokenflow.viz.Table`: index, action,
-    where, input and output shape, bytes and (``note=True``) the note. ``where`` keeps only
+    where, input and output shape (no-break spaces, so a shape stays on one line), bytes and
+    (``note=True``) the note. ``where`` keeps only
     events whose ``where`` is in it (e.g. ``("embedding", "LM head")``)."""
     from .viz import Table
-    rows = [[i, e.action, e.where, str(list(e.in_shape)), str(list(e.out_shape)), e.nbytes]
+    def shape(t):                      # no-break spaces: a shape never wraps inside a cell
+        return "[" + ",\u00a0".join(str(n) for n in t) + "]"
+    rows = [[i, e.action, e.where, shape(e.in_shape), shape(e.out_shape), e.nbytes]
             + ([e.note] if note else [])
             for i, e in enumerate(trace.events) if where is None or e.where in where]
     headers = ["#", "action", "where", "in shape", "out shape", "bytes"] + (["note"] if note else [])
