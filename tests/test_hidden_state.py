@@ -174,8 +174,10 @@ def test_hidden_state_sizes_seed_numbers():
         assert rows[name]["bf16"] == 2 * n and rows[name]["fp32"] == 4 * n
     assert rows["hidden_states_l0"]["bf16"] == 768 * 2**20           # 768 MiB
     assert not any(isinstance(v, torch.Tensor) for r in rows.values() for v in r.values())
-    text = size_table(list(rows.values()))
-    assert "[8, 4096, 12288]" in text and f"{B * S * H:,}" in text and "768.00 MiB" in text
+    table = size_table(list(rows.values()))
+    text, html = str(table), table._repr_html_()
+    for shown in (text, html):
+        assert "[8, 4096, 12288]" in shown and f"{B * S * H:,}" in shown and "768.00 MiB" in shown
 
 
 def test_deepseek_v3_embedding_is_the_published_0_9B():
@@ -236,11 +238,14 @@ def test_plots_and_widgets_build(traced_prompt):
 
 def test_tensor_table_rounds_and_labels():
     t = torch.tensor([[0.123456, -0.00001, 2.0], [1.5, -1.23456, 0.0]])
-    text = tensor_table(t, ["北京", "b"], ["x", "y", "z"], max_cols=2)
-    lines = text.splitlines()
-    assert lines[1].split() == ["北京", "0.1235", "0.0000", "..."]          # no "-0.0000"
-    assert lines[2].split() == ["b", "1.5000", "-1.2346", "..."]
-    assert "1 more columns" in lines[-1]
+    table = tensor_table(t, ["北京", "b"], ["x", "y", "z"], max_cols=2)
+    lines = str(table).splitlines()        # title, header, rule, rows
+    assert "1 more columns" in lines[0]
+    assert lines[1].split() == ["x", "y", "..."]
+    assert lines[3].split() == ["北京", "0.1235", "0.0000", "..."]          # no "-0.0000"
+    assert lines[4].split() == ["b", "1.5000", "-1.2346", "..."]
+    assert "<td style=\"text-align:right\">-1.2346</td>" in table._repr_html_()
+    assert str(tensor_table(t, ["a", "b"], decimals=1)).splitlines()[2].split() == ["a", "0.1", "0.0", "2.0"]
     with pytest.raises(ValueError, match="row_labels"):
         tensor_table(t, ["a"])
     with pytest.raises(ValueError, match="t must be a 2-D"):

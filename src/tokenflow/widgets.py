@@ -32,10 +32,11 @@ def shape_controls(batch=(1, 8, 1, 2), seq_len=(1, 64, 1, 5), experts=(2, 32, 2,
 
 # --------------------------------------------------------------------- chapters 01-02 (F2)
 def tensor_table(t, row_labels: list[str], col_labels: list[str] | None = None,
-                 max_cols: int = 8, decimals: int = 4) -> str:
-    """A 2-D tensor ``t [R,C]`` as a text table with labelled rows, values rounded to
-    ``decimals`` (stable for nbval). Only the first ``max_cols`` columns are shown, then a
-    ``...`` column and the count of hidden columns.
+                 max_cols: int = 8, decimals: int = 4):
+    """A 2-D tensor ``t [R,C]`` as a :class:`tokenflow.viz.Table` with labelled rows (HTML in
+    the book, aligned text in ``print``), values rounded to ``decimals`` (stable for nbval;
+    ``-0.0`` shows as ``0.0``). Only the first ``max_cols`` columns are shown, then a ``...``
+    column, and the title counts the hidden columns.
 
     Args:
         t: ``[R,C]`` tensor (e.g. a hidden-state table ``[S,H]``, or attention weights
@@ -46,6 +47,7 @@ def tensor_table(t, row_labels: list[str], col_labels: list[str] | None = None,
         ValueError: if ``t`` is not 2-D or a label list has the wrong length.
     """
     import torch
+    from .viz import Table
     if not isinstance(t, torch.Tensor) or t.dim() != 2:
         raise ValueError(f"t must be a 2-D torch.Tensor, got "
                          f"{list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
@@ -59,31 +61,14 @@ def tensor_table(t, row_labels: list[str], col_labels: list[str] | None = None,
     if isinstance(max_cols, bool) or not isinstance(max_cols, int) or max_cols < 1:
         raise ValueError(f"max_cols must be an int >= 1, got {max_cols!r}")
     k = min(C, max_cols)
+    more = C > k
     vals = t.detach().float().cpu()
-    head = [""] + list(col_labels[:k]) + (["..."] if C > k else [])
-    body = []
-    for i in range(R):
-        cells = [f"{round(float(v), decimals) + 0.0:.{decimals}f}" for v in vals[i, :k]]
-        body.append([str(row_labels[i])] + cells + (["..."] if C > k else []))
-    widths = [max(_display_width(r[j]) for r in [head] + body) for j in range(len(head))]
-    lines = ["  ".join(_pad(c, w, left=j == 0) for j, (c, w) in enumerate(zip(r, widths)))
-             .rstrip() for r in [head] + body]
-    if C > k:
-        lines.append(f"({C - k} more columns not shown; {R} x {C} in all)")
-    return "\n".join(lines)
-
-
-def _display_width(s: str) -> int:
-    """Terminal width of ``s``: CJK characters take two columns."""
-    import unicodedata
-    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in s)
-
-
-def _pad(s: str, width: int, left: bool) -> str:
-    fill = " " * (width - _display_width(s))
-    return s + fill if left else fill + s
-
-
+    rows = [[str(row_labels[i])] + [float(v) for v in vals[i, :k]] + (["..."] if more else [])
+            for i in range(R)]
+    headers = [""] + [str(c) for c in col_labels[:k]] + (["..."] if more else [])
+    title = f"{R} x {C}: first {k} columns shown, {C - k} more columns not shown" if more else None
+    return Table(rows, headers, title=title, digits=decimals,
+                 align="<" + ">" * k + ("<" if more else ""))
 
 
 def hidden_state_sizes(batch_size: int, seq_len: int, hidden_size: int,
@@ -121,20 +106,15 @@ def hidden_state_sizes(batch_size: int, seq_len: int, hidden_size: int,
     return rows
 
 
-def size_table(rows: list[dict]) -> str:
-    """Format :func:`hidden_state_sizes` rows as a fixed-width text table (bytes with
-    thousands separators and binary units)."""
-    from .kv_cache import format_bytes
-
-    def b(r, k):
-        return f"{r[k]:,} ({format_bytes(r[k])})" if k in r else "-"
-    head = ("tensor", "shape", "elements", "int64 bytes", "bf16 bytes", "fp32 bytes")
-    body = [(r["name"], str(r["shape"]), f"{r['elements']:,}", b(r, "int64"), b(r, "bf16"),
-             b(r, "fp32")) for r in rows]
-    widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in [head] + body]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+def size_table(rows: list[dict]):
+    """:func:`hidden_state_sizes` rows as a :class:`tokenflow.viz.Table`: shape, element
+    count and bytes per dtype in binary units (``-`` where a dtype does not apply)."""
+    from .viz import Table, format_bytes
+    body = [[r["name"], str(r["shape"]), r["elements"],
+             *[format_bytes(r[k]) if k in r else "-" for k in ("int64", "bf16", "fp32")]]
+            for r in rows]
+    return Table(body, ["tensor", "shape", "elements", "int64", "bf16", "fp32"],
+                 align="<<>>>>")
 
 
 def hidden_size_explorer(hidden_size: int, vocab_size: int, batch=(1, 16, 1, 8),
@@ -551,3 +531,129 @@ def roofline_explorer(config, **defaults):
                                  description="hardware"),
         phase=widgets.ToggleButtons(options=["decode", "prefill"], value=start["phase"],
                                     description="phase"))
+
+
+# --------------------------------------------------------------------- F8: chapters 00-02
+# Tables (tokenflow.viz.Table: HTML in the book and JupyterLab, aligned text for nbval) and
+# the kernel-less versions of the chapters' explorers (tokenflow.viz.precomputed_explorer).
+__all__ += ["trace_table", "trace_shapes_table", "trace_shapes_static", "hidden_size_static",
+            "residual_stream_table", "residual_stream_static", "attention_static",
+            "kv_cache_static"]
+
+
+def trace_table(trace, where: tuple[str, ...] | None = None, note: bool = True):
+    """:class:`tokenflow.trace.Trace` events as a :class:`tokenflow.viz.Table`: index, action,
+    where, input and output shape (no-break spaces, so a shape stays on one line), bytes and
+    (``note=True``) the note. ``where`` keeps only
+    events whose ``where`` is in it (e.g. ``("embedding", "LM head")``)."""
+    from .viz import Table
+    def shape(t):                      # no-break spaces: a shape never wraps inside a cell
+        return "[" + ",\u00a0".join(str(n) for n in t) + "]"
+    rows = [[i, e.action, e.where, shape(e.in_shape), shape(e.out_shape), e.nbytes]
+            + ([e.note] if note else [])
+            for i, e in enumerate(trace.events) if where is None or e.where in where]
+    headers = ["#", "action", "where", "in shape", "out shape", "bytes"] + (["note"] if note else [])
+    return Table(rows, headers)
+
+
+TRACE_SHAPES_WHERE = ("embedding", "layer 1 attention", "layer 1 MoE", "LM head")
+
+
+def trace_shapes_table(config, batch_size: int, seq_len: int, num_experts: int):
+    """The rows of :func:`tokenflow.trace.trace_shapes` (random weights, only the shapes mean
+    anything) for the embedding, the first MoE block and the LM head, as a
+    :class:`tokenflow.viz.Table`. Raises as ``trace_shapes``."""
+    from .trace import trace_shapes
+    t = trace_shapes(config, batch_size, seq_len, num_experts=num_experts)
+    return trace_table(t, where=TRACE_SHAPES_WHERE)
+
+
+def trace_shapes_static(config, batch=(1, 2, 8), seq_len=(1, 5, 64), experts=(2, 8, 32),
+                        default=None):
+    """Kernel-less explorer of :func:`trace_shapes_table` over the given values of ``B``,
+    ``S`` and ``E`` (:func:`tokenflow.viz.precomputed_explorer`; at most 48 combinations)."""
+    from .viz import precomputed_explorer
+    return precomputed_explorer(
+        lambda B, S, E: trace_shapes_table(config, B, S, E),
+        {"B": list(batch), "S": list(seq_len), "E": list(experts)},
+        default=default, title="trace shapes for batch B, sequence length S, experts E")
+
+
+def hidden_size_static(hidden_size: int, vocab_size: int, batch=(1, 4, 8, 16),
+                       seq_len=(1, 512, 4096, 8192), default=None):
+    """Kernel-less explorer of :func:`size_table` of :func:`hidden_state_sizes` over the
+    given ``B`` and ``S`` values, for fixed ``H`` and ``V``."""
+    from .viz import precomputed_explorer
+    return precomputed_explorer(
+        lambda B, S: size_table(hidden_state_sizes(B, S, hidden_size, vocab_size)),
+        {"B": list(batch), "S": list(seq_len)}, default=default,
+        title=f"tensor sizes for H = {hidden_size:,}, V = {vocab_size:,}")
+
+
+def residual_stream_table(hidden_states, token_index: int, tokens: list[str],
+                          n_features: int = 4):
+    """One token's hidden state at every depth as a :class:`tokenflow.viz.Table`: its first
+    ``n_features`` values, its RMS and the RMS of what the block before it added (the same
+    numbers as :func:`residual_stream_summary`, 3 decimals).
+
+    Raises:
+        ValueError: if ``token_index`` is out of range.
+    """
+    from .viz import Table
+    S = hidden_states[0].shape[1]
+    if not -S <= token_index < S:
+        raise ValueError(f"token_index must be in [{-S}, {S}), got {token_index!r}")
+    rows, prev = [], None
+    for depth, hs in enumerate(hidden_states):
+        h = hs[0, token_index].float()
+        rms = lambda v: float(v.pow(2).mean().sqrt())                        # noqa: E731
+        rows.append([depth, "embedding" if depth == 0 else f"block {depth - 1}",
+                     *[float(v) for v in h[:n_features]], rms(h),
+                     None if prev is None else rms(h - prev)])
+        prev = h
+    feats = [f"f{j}" for j in range(n_features)]
+    return Table(rows, ["depth", "output of", *feats, "RMS", "RMS added"], digits=3,
+                 title=f"token {token_index % S} {tokens[token_index]!r}: [H = "
+                       f"{hidden_states[0].shape[-1]}], first {n_features} features")
+
+
+def residual_stream_static(hidden_states, tokens: list[str], token_index: int = -1):
+    """Kernel-less explorer of :func:`tokenflow.plots.residual_stream_plot` with a token
+    selector: one figure per token (every depth is a row of each figure), starting at
+    ``token_index``. Figures are inline SVG."""
+    from .plots import residual_stream_plot
+    from .viz import precomputed_explorer
+    options = [f"{i} {t}" for i, t in enumerate(tokens)]
+    return precomputed_explorer(
+        lambda token: residual_stream_plot(hidden_states, options.index(token), tokens),
+        {"token": options}, default={"token": options[token_index]}, kind="svg")
+
+
+def attention_static(attention_weights: dict, q_labels: list[str], k_labels: list[str],
+                     batch_index: int = 0, default: dict | None = None):
+    """Kernel-less explorer of :func:`tokenflow.plots.attention_head_heatmap` over every
+    layer and head of ``{layer: [B, n_heads, S_q, S_k]}`` weights (``default``: the
+    ``layer`` / ``head`` shown first). Figures are inline SVG (half the bytes of PNG here)."""
+    from .plots import attention_head_heatmap
+    from .viz import precomputed_explorer
+    layers = sorted(attention_weights)
+    nh = attention_weights[layers[0]].shape[1]
+    return precomputed_explorer(
+        lambda layer, head: attention_head_heatmap(attention_weights[layer][batch_index, head],
+                                                   q_labels, k_labels,
+                                                   title=f"layer {layer}, head {head}"),
+        {"layer": layers, "head": list(range(nh))}, default=default, kind="svg")
+
+
+def kv_cache_static(config, seq_len=(1, 16, 64, 128), batch_size: int = 1,
+                    dtype_name: str = "bf16"):
+    """Kernel-less explorer of :func:`kv_cache_summary` over sequence lengths and every
+    K/V-head count that divides the query heads (MQA ... MHA)."""
+    from .viz import precomputed_explorer
+    divisors = [d for d in range(1, config.num_attention_heads + 1)
+                if config.num_attention_heads % d == 0]
+    return precomputed_explorer(
+        lambda S, kv_heads: kv_cache_summary(config, batch_size, S, kv_heads, dtype_name),
+        {"S": list(seq_len), "kv_heads": divisors},
+        default={"S": seq_len[-1], "kv_heads": config.num_key_value_heads},
+        title=f"{config.name}: KV cache for sequence length S and K/V heads ({dtype_name})")
