@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import ModelConfig
+from .viz.fmt import format_bytes  # re-exported: the helper lives in viz/fmt.py
 
 __all__ = ["CacheStep", "CacheStorage", "KVCache", "cache_entries", "uncached_step",
            "attention_mask_for", "kv_cache_size", "format_bytes"]
@@ -319,21 +320,6 @@ class KVCache(CacheStorage):
 
 
 # --------------------------------------------------------------------- sizes (chapter 02)
-def format_bytes(n: float) -> str:
-    """``n`` bytes in binary units with 2 decimals, e.g. ``131072 -> "128.00 KiB"``.
-
-    Raises:
-        ValueError: if ``n`` is negative or not a number.
-    """
-    if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0:
-        raise ValueError(f"n must be a number of bytes >= 0, got {n!r}")
-    units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
-    x, i = float(n), 0
-    while x >= 1024 and i < len(units) - 1:
-        x, i = x / 1024, i + 1
-    return f"{int(n)} B" if i == 0 else f"{x:.2f} {units[i]}"
-
-
 def kv_cache_size(config: ModelConfig, batch_size: int, seq_len: int,
                   num_key_value_heads: int | None = None,
                   dtype: torch.dtype = torch.float32) -> dict:

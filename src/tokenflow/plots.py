@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import FancyBboxPatch
 
 from .trace import COLORS
+from .viz.fmt import say  # re-exported: the helper lives in viz/fmt.py
 
 __all__ = ["say", "setup_notebook", "cjk_font", "topk_bar",
            "hidden_state_heatmap", "residual_stream_plot", "attention_context_plot",
@@ -36,23 +37,6 @@ def cjk_font() -> str | None:
         if name in have:
             return name
     return None
-
-
-def say(text: str, width: int = 92) -> None:
-    """Print ``text`` wrapped to ``width`` columns, continuation lines indented under the
-    first word (so "1. ..." items stay readable on a book page without side-scrolling).
-
-    Raises:
-        ValueError: if ``width < 20``.
-    """
-    import re
-    import textwrap
-    if width < 20:
-        raise ValueError(f"width must be >= 20, got {width}")
-    m = re.match(r"(\d+\.|-)\s", text)
-    indent = " " * (len(m.group(0)) if m else 0)
-    print(textwrap.fill(text, width=width, subsequent_indent=indent,
-                        break_long_words=False, break_on_hyphens=False))
 
 
 def setup_notebook(seed: int = 0, threads: int = 1) -> None:

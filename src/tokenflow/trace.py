@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .viz.fmt import display_width, pad  # re-exported: the helpers live in viz/fmt.py
+
 __all__ = ["Trace", "TraceEvent", "COLORS", "trace_shapes", "pad", "display_width"]
 
 COLORS = {"hidden": "#3b7dd8", "moe": "#e0b000", "token": "#2e9e44"}
@@ -34,27 +36,6 @@ COLORS = {"hidden": "#3b7dd8", "moe": "#e0b000", "token": "#2e9e44"}
 _ACTION_COLOR = {"lookup": "hidden", "write KV": "hidden", "read KV": "hidden",
                  "FFN": "hidden", "route top-k": "moe", "dispatch/combine": "moe",
                  "project vocab": "hidden", "sample": "token"}
-
-
-def display_width(text: str) -> int:
-    """Columns ``text`` takes in a monospace terminal: East Asian wide and full-width
-    characters (北, 京, ...) take 2, others 1 (Unicode UAX #11 ``east_asian_width``)."""
-    import unicodedata
-    return sum(2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1 for ch in str(text))
-
-
-def pad(text, width: int, align: str = "<") -> str:
-    """Pad ``text`` to ``width`` display columns (see :func:`display_width`), so tables with
-    Chinese tokens line up. ``align``: ``"<"`` left, ``">"`` right.
-
-    Raises:
-        ValueError: if ``align`` is not ``"<"`` or ``">"``.
-    """
-    if align not in ("<", ">"):
-        raise ValueError(f"align must be '<' or '>', got {align!r}")
-    text = str(text)
-    fill = " " * max(0, width - display_width(text))
-    return text + fill if align == "<" else fill + text
 
 
 def _shape(x) -> tuple:

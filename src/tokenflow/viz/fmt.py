@@ -1,0 +1,172 @@
+"""Formatting helpers, in one place: display width of Chinese text, padding, byte sizes,
+wrapped sentences and tables that render as HTML in the book and as aligned text in a terminal.
+
+Nothing here imports torch or matplotlib, so any module may use it. The old names stay
+importable: ``tokenflow.trace.pad`` / ``display_width``, ``tokenflow.kv_cache.format_bytes``,
+``tokenflow.plots.say``.
+"""
+from __future__ import annotations
+
+import html
+import numbers
+import re
+import textwrap
+import unicodedata
+
+__all__ = ["display_width", "pad", "format_bytes", "say", "Table"]
+
+
+def display_width(text: str) -> int:
+    """Columns ``text`` takes in a monospace terminal: East Asian wide and full-width
+    characters (北, 京, ...) take 2, others 1 (Unicode UAX #11 ``east_asian_width``)."""
+    return sum(2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1 for ch in str(text))
+
+
+def pad(text, width: int, align: str = "<") -> str:
+    """Pad ``text`` to ``width`` display columns (see :func:`display_width`), so tables with
+    Chinese tokens line up. ``align``: ``"<"`` left, ``">"`` right.
+
+    Raises:
+        ValueError: if ``align`` is not ``"<"`` or ``">"``.
+    """
+    if align not in ("<", ">"):
+        raise ValueError(f"align must be '<' or '>', got {align!r}")
+    text = str(text)
+    fill = " " * max(0, width - display_width(text))
+    return text + fill if align == "<" else fill + text
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in binary units with 2 decimals, e.g. ``131072 -> "128.00 KiB"``.
+
+    Raises:
+        ValueError: if ``n`` is negative or not a number.
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0:
+        raise ValueError(f"n must be a number of bytes >= 0, got {n!r}")
+    units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
+    x, i = float(n), 0
+    while x >= 1024 and i < len(units) - 1:
+        x, i = x / 1024, i + 1
+    return f"{int(n)} B" if i == 0 else f"{x:.2f} {units[i]}"
+
+
+def say(text: str, width: int = 92) -> None:
+    """Print ``text`` wrapped to ``width`` columns, continuation lines indented under the
+    first word (so "1. ..." items stay readable on a book page without side-scrolling).
+
+    Raises:
+        ValueError: if ``width < 20``.
+    """
+    if width < 20:
+        raise ValueError(f"width must be >= 20, got {width}")
+    m = re.match(r"(\d+\.|-)\s", text)
+    indent = " " * (len(m.group(0)) if m else 0)
+    print(textwrap.fill(text, width=width, subsequent_indent=indent,
+                        break_long_words=False, break_on_hyphens=False))
+
+
+# --------------------------------------------------------------------- Table
+def _is_number(x) -> bool:
+    return isinstance(x, numbers.Number) and not isinstance(x, bool)
+
+
+def _per_column(value, n: int, name: str) -> list:
+    """``value`` for each of ``n`` columns: one value for all (``None``, an int, or a
+    one-character string), or a sequence (or string) of ``n`` entries."""
+    if value is None or isinstance(value, int) or isinstance(value, str) and len(value) == 1:
+        return [value] * n
+    if not isinstance(value, (str, list, tuple)):
+        raise TypeError(f"{name} must be one value or a list with one per column, got {value!r}")
+    value = list(value)
+    if len(value) != n:
+        raise ValueError(f"{name} must have one entry per column ({n}), got {len(value)}")
+    return value
+
+
+class Table:
+    """A table that a notebook cell shows by ending with it: an HTML ``<table>`` in the book
+    and JupyterLab (numbers right-aligned), aligned monospace text in ``print`` / ``repr``
+    (Chinese text counted as two columns, see :func:`display_width`).
+
+    Args:
+        rows: a sequence of rows, each a sequence of cells (str, int, float, bool, None or
+            anything with ``str``); ``len(headers)`` cells per row.
+        headers: the column names.
+        title: an optional caption (the first line of the text form).
+        align: ``"<"`` (left) or ``">"`` (right) per column, as a string such as ``"<>>"`` or a
+            list; ``None`` right-aligns columns whose cells are all numbers (or empty).
+        digits: decimals for float cells, one int for all columns or one per column
+            (``None`` entries: 2). Ints print with thousands separators (``12,288``).
+
+    Raises:
+        ValueError: if a row's length differs from ``headers``, or ``align`` / ``digits``
+            have the wrong length or values.
+        TypeError: if ``digits`` is not an int (or a sequence of ints / None).
+    """
+
+    def __init__(self, rows, headers, *, title: str | None = None, align=None, digits=None):
+        self.headers = [str(h) for h in headers]
+        n = len(self.headers)
+        if n == 0:
+            raise ValueError("headers must name at least one column")
+        self.rows = [list(r) for r in rows]
+        for i, r in enumerate(self.rows):
+            if len(r) != n:
+                raise ValueError(f"rows[{i}] has {len(r)} cells, headers has {n}")
+        self.title = title
+        self.digits = [2 if d is None else d for d in _per_column(digits, n, "digits")]
+        for d in self.digits:
+            if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= 12:
+                raise TypeError(f"digits must be ints in 0..12 (or None), got {digits!r}")
+        if align is None:
+            align = [">" if self.rows and all(_is_number(r[j]) or r[j] is None for r in self.rows)
+                     else "<" for j in range(n)]
+        self.align = _per_column(align, n, "align")
+        if any(a not in ("<", ">") for a in self.align):
+            raise ValueError(f"align entries must be '<' or '>', got {align!r}")
+
+    def cell_text(self, i: int, j: int) -> str:
+        """Row ``i``, column ``j`` as shown: floats rounded to the column's digits (``-0.00``
+        shown as ``0.00``), ints with thousands separators, ``None`` empty."""
+        x = self.rows[i][j]
+        if x is None:
+            return ""
+        if isinstance(x, bool) or not _is_number(x):
+            return str(x)
+        if isinstance(x, numbers.Integral):
+            return f"{int(x):,}"
+        d = self.digits[j]
+        return f"{round(float(x), d) + 0.0:,.{d}f}"
+
+    def _cells(self) -> list[list[str]]:
+        return [[self.cell_text(i, j) for j in range(len(self.headers))]
+                for i in range(len(self.rows))]
+
+    def to_text(self, max_width: int = 90) -> str:
+        """Aligned text: header, a dashed rule, one line per row. Columns are separated by two
+        spaces, or one when that keeps the table within ``max_width`` columns."""
+        body = self._cells()
+        widths = [max(display_width(c) for c in col) for col in zip(self.headers, *body)]
+        sep = "  " if sum(widths) + 2 * (len(widths) - 1) <= max_width else " "
+        lines = [sep.join(pad(c, w, a) for c, w, a in zip(r, widths, self.align)).rstrip()
+                 for r in [self.headers] + body]
+        lines.insert(1, sep.join("-" * w for w in widths))
+        return "\n".join(([self.title] if self.title else []) + lines)
+
+    def _repr_html_(self) -> str:
+        def cell(tag: str, text: str, a: str) -> str:
+            style = ' style="text-align:right"' if a == ">" else ' style="text-align:left"'
+            return f"<{tag}{style}>{html.escape(text)}</{tag}>"
+        head = "".join(cell("th", h, a) for h, a in zip(self.headers, self.align))
+        body = "".join("<tr>" + "".join(cell("td", c, a) for c, a in zip(r, self.align))
+                       + "</tr>\n" for r in self._cells())
+        cap = f"<caption>{html.escape(self.title)}</caption>" if self.title else ""
+        return (f'<div class="tf-table-wrap"><table class="tf-table">{cap}\n'
+                f"<thead><tr>{head}</tr></thead>\n<tbody>\n{body}</tbody></table></div>")
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def __repr__(self) -> str:
+        return self.to_text()

@@ -1,0 +1,221 @@
+"""Sliders that work without a kernel: every output of a small control grid, computed when the
+notebook runs and embedded in one HTML block, with a few lines of inline JavaScript that show the
+output matching the controls.
+
+The static HTML book, a trusted notebook in JupyterLab and an exported HTML file all show it; no
+kernel, no widget manager and no network are needed. The live ``ipywidgets`` version of a chapter's
+explorer stays for readers who run the notebook.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import itertools
+import json
+import numbers
+
+from .fmt import Table
+
+__all__ = ["precomputed_explorer", "PrecomputedExplorer", "MAX_OUTPUTS", "MAX_HTML_BYTES"]
+
+MAX_OUTPUTS = 48
+"""Most combinations one explorer embeds (each figure adds ~30-80 KB to the page)."""
+MAX_HTML_BYTES = 4_000_000
+"""Most bytes of HTML one explorer may produce."""
+PNG_DPI = 200
+"""Resolution the figures are rendered at; they are displayed at half (100 px per inch on the
+page, retina-sharp), so matplotlib's 10 pt text is ~14 px: body size."""
+
+# One handler for every control: read each control's index, update its value label, show the
+# output whose data-key is the indices joined by "-", hide the others.
+_JS = ("var x=this.closest('.tf-explorer'),k=[];"
+       "x.querySelectorAll('[data-tf-ctl]').forEach(function(e){k.push(e.value);"
+       "var v=e.parentNode.querySelector('.tf-val');"
+       "if(v){v.textContent=JSON.parse(e.getAttribute('data-labels'))[e.value];}});"
+       "k=k.join('-');x.querySelectorAll('.tf-out').forEach(function(o){"
+       "o.style.display=o.getAttribute('data-key')==k?'':'none';});")
+
+
+def _render(out, kind: str) -> str:
+    """One output as an HTML fragment. Figures are closed after capture."""
+    from matplotlib.figure import Figure
+    if kind == "auto":
+        kind = ("png" if isinstance(out, Figure) else "html" if hasattr(out, "_repr_html_")
+                else "text")
+    if kind in ("png", "svg"):
+        if not isinstance(out, Figure):
+            raise TypeError(f"kind={kind!r} needs fn to return a matplotlib Figure, "
+                            f"got {type(out).__name__}")
+        return _figure_html(out, kind)
+    if kind == "html":
+        if not hasattr(out, "_repr_html_"):
+            raise TypeError(f"kind='html' needs an object with _repr_html_, got {type(out).__name__}")
+        return out._repr_html_()
+    if kind == "text":
+        text = out.to_text() if isinstance(out, Table) else str(out)
+        return f'<pre class="tf-pre">{html.escape(text)}</pre>'
+    raise ValueError(f"kind must be 'auto', 'png', 'svg', 'html' or 'text', got {kind!r}")
+
+
+def _figure_html(fig, kind: str) -> str:
+    """A figure as an ``<img>`` (PNG at :data:`PNG_DPI`, shown at half size) or inline SVG.
+    Both are written without dates or random ids, so the same figure gives the same bytes."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+    buf = io.BytesIO()
+    try:
+        if kind == "png":
+            fig.savefig(buf, format="png", dpi=PNG_DPI, bbox_inches="tight",
+                        metadata={"Software": None})
+        else:
+            with matplotlib.rc_context({"svg.hashsalt": "tokenflow"}):
+                fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    finally:
+        plt.close(fig)
+    if kind == "svg":
+        svg = buf.getvalue().decode()
+        return svg[svg.index("<svg"):]
+    width = _png_width(buf.getvalue()) // 2
+    alt = html.escape(_figure_alt(fig))
+    data = base64.b64encode(buf.getvalue()).decode()
+    return (f'<img src="data:image/png;base64,{data}" width="{width}" alt="{alt}" '
+            f'style="max-width:100%;height:auto">')
+
+
+def _png_width(png: bytes) -> int:
+    return int.from_bytes(png[16:20], "big")  # IHDR width, PNG spec section 11.2.2
+
+
+def _figure_alt(fig) -> str:
+    """Alt text: the figure's suptitle or its axes titles."""
+    sup = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) else ""
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    return sup or "; ".join(titles) or "figure"
+
+
+def _controls_html(controls: dict, default: dict) -> str:
+    """One labelled control per entry: a range over the value indices for numbers, a select
+    otherwise. Each control's value is an index into its list."""
+    js = html.escape(_JS, quote=True)
+    parts = []
+    for name, values in controls.items():
+        labels = [str(v) for v in values]
+        i = default[name]
+        data = html.escape(json.dumps(labels, ensure_ascii=False), quote=True)
+        if all(isinstance(v, numbers.Number) and not isinstance(v, bool) for v in values):
+            ctl = (f'<input type="range" data-tf-ctl min="0" max="{len(values) - 1}" step="1" '
+                   f'value="{i}" data-labels="{data}" aria-label="{html.escape(name)}" '
+                   f'oninput="{js}">'
+                   f' <span class="tf-val">{html.escape(labels[i])}</span>')
+        else:
+            opts = "".join(f'<option value="{k}"{" selected" if k == i else ""}>'
+                           f"{html.escape(s)}</option>" for k, s in enumerate(labels))
+            ctl = (f'<select data-tf-ctl data-labels="{data}" aria-label="{html.escape(name)}" '
+                   f'oninput="{js}" onchange="{js}">{opts}</select>')
+        parts.append(f'<label class="tf-ctl">{html.escape(name)} {ctl}</label>')
+    return "\n".join(parts)
+
+
+def _check_controls(controls, default) -> dict:
+    """Validate ``controls`` / ``default``; return each control's default index."""
+    if not isinstance(controls, dict) or not controls:
+        raise TypeError(f"controls must be a non-empty dict name -> list of values, got {controls!r}")
+    n = 1
+    for name, values in controls.items():
+        if not isinstance(values, (list, tuple)) or not values:
+            raise ValueError(f"controls[{name!r}] must be a non-empty list of values, got {values!r}")
+        n *= len(values)
+    if n > MAX_OUTPUTS:
+        sizes = " x ".join(str(len(v)) for v in controls.values())
+        raise ValueError(f"the control grid has {sizes} = {n} combinations; precomputed_explorer "
+                         f"embeds at most MAX_OUTPUTS = {MAX_OUTPUTS} (use fewer values, or a live "
+                         f"widget and say next to it that it needs a running kernel)")
+    default = dict(default or {})
+    unknown = set(default) - set(controls)
+    if unknown:
+        raise ValueError(f"default names controls that do not exist: {sorted(unknown)}")
+    index = {}
+    for name, values in controls.items():
+        if name in default and default[name] not in list(values):
+            raise ValueError(f"default[{name!r}] = {default[name]!r} is not one of {list(values)}")
+        index[name] = list(values).index(default[name]) if name in default else 0
+    return index
+
+
+class PrecomputedExplorer:
+    """What :func:`precomputed_explorer` returns: shows as HTML (controls + all outputs) in the
+    book and JupyterLab, and as a one-line summary in text (what nbval compares)."""
+
+    def __init__(self, controls: dict, fragments: dict, default: dict, title: str | None):
+        self.controls = {k: list(v) for k, v in controls.items()}
+        self.fragments = fragments   # "i-j-..." (value indices) -> HTML fragment
+        self.default = default       # control name -> default index
+        self.title = title
+
+    def __repr__(self) -> str:
+        grid = " x ".join(f"{name} ({len(v)} values)" for name, v in self.controls.items())
+        head = f"{self.title}: " if self.title else ""
+        return f"{head}precomputed explorer: {grid} = {len(self.fragments)} outputs"
+
+    def _repr_html_(self) -> str:
+        shown = "-".join(str(i) for i in self.default.values())
+        hide = ' style="display:none"'
+        outs = "\n".join(
+            f'<div class="tf-out" data-key="{key}"{"" if key == shown else hide}>{frag}</div>'
+            for key, frag in self.fragments.items())
+        title = f'<div class="tf-title">{html.escape(self.title)}</div>' if self.title else ""
+        note = ('<div class="tf-note">Precomputed when the notebook ran: moving a control '
+                'shows the stored output for that setting (no kernel needed).</div>')
+        return (f'<div class="tf-explorer">{title}\n<div class="tf-controls">\n'
+                f"{_controls_html(self.controls, self.default)}\n</div>\n{note}\n"
+                f"{outs}\n</div>")
+
+
+def precomputed_explorer(fn, controls: dict, *, title: str | None = None, kind: str = "auto",
+                         default: dict | None = None) -> PrecomputedExplorer:
+    """Call ``fn(**combo)`` for every combination of the control values now, and return an
+    object that shows all outputs behind one control per entry of ``controls`` (a slider for
+    numeric values, a drop-down otherwise), with inline JavaScript that shows the output for
+    the selected values: works in the static HTML book and JupyterLab without a kernel.
+
+    Args:
+        fn: called with one keyword per control; returns a matplotlib Figure, a
+            :class:`~tokenflow.viz.fmt.Table` (or anything with ``_repr_html_``) or a str.
+        controls: control name -> list of values, e.g. ``{"head": [0, 1, 2, 3]}``.
+        title: a line above the controls, also the start of the text repr.
+        kind: ``"auto"`` (Figure -> PNG, ``_repr_html_`` -> HTML, else text), or force
+            ``"png"``, ``"svg"``, ``"html"``, ``"text"``.
+        default: control name -> value shown first (default: each control's first value).
+
+    Figures are saved (PNG at :data:`PNG_DPI`, or SVG with a fixed hash salt) and closed, so
+    the notebook does not show them a second time.
+
+    Raises:
+        TypeError: if ``controls`` is not a non-empty dict, or an output does not fit ``kind``.
+        ValueError: if a control has no values, the grid has more than :data:`MAX_OUTPUTS`
+            combinations, the HTML exceeds :data:`MAX_HTML_BYTES`, or ``default`` names an
+            unknown control or value.
+    """
+    index = _check_controls(controls, default)
+    names = list(controls)
+    fragments = {}
+    for idx in itertools.product(*(range(len(controls[n])) for n in names)):
+        combo = {n: controls[n][i] for n, i in zip(names, idx)}
+        fragments["-".join(map(str, idx))] = _render_call(fn, combo, kind)
+    size = sum(len(f) for f in fragments.values())
+    if size > MAX_HTML_BYTES:
+        raise ValueError(f"the explorer's outputs take {size:,} bytes; at most MAX_HTML_BYTES = "
+                         f"{MAX_HTML_BYTES:,} (use fewer values or smaller figures)")
+    return PrecomputedExplorer(controls, fragments, index, title)
+
+
+def _render_call(fn, combo: dict, kind: str) -> str:
+    """``fn(**combo)`` rendered; any other figure fn opened is closed too."""
+    import matplotlib.pyplot as plt
+    before = set(plt.get_fignums())
+    try:
+        return _render(fn(**combo), kind)
+    finally:
+        for num in set(plt.get_fignums()) - before:
+            plt.close(num)

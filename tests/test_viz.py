@@ -1,0 +1,181 @@
+"""tokenflow.viz: Table's HTML / text forms and the kernel-less explorer's HTML.
+
+The expected values are computed independently here: display widths from Unicode's
+east_asian_width table directly, the HTML parsed with the standard library's HTMLParser.
+"""
+import base64
+import itertools
+import unicodedata
+from html.parser import HTMLParser
+
+import matplotlib.pyplot as plt
+import pytest
+
+from tokenflow.viz import Table, precomputed_explorer
+from tokenflow.viz import static
+
+
+def _cols(s: str) -> int:
+    """Terminal columns, independent of tokenflow: wide (W) and full-width (F) count 2."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in s)
+
+
+class _Collect(HTMLParser):
+    """Start tags with attributes and the text inside each element, in document order."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags, self.stack = [], []
+
+    def handle_starttag(self, tag, attrs):
+        rec = {"tag": tag, "attrs": dict(attrs), "text": ""}
+        self.tags.append(rec)
+        if tag not in ("input", "img", "br"):
+            self.stack.append(rec)
+
+    def handle_endtag(self, tag):
+        while self.stack and self.stack.pop()["tag"] != tag:
+            pass
+
+    def handle_data(self, data):
+        for rec in self.stack:
+            rec["text"] += data
+
+
+def _parse(html: str) -> list[dict]:
+    p = _Collect()
+    p.feed(html)
+    return p.tags
+
+
+ROWS = [["北京", 1, 0.5], ["是中国的首", 12288, 0.25], ["the", 7, 3.14159]]
+
+
+def test_table_text_aligns_chinese_columns():
+    text = Table(ROWS, ["token", "id", "p"], digits=3).to_text()
+    lines = text.splitlines()
+    assert len(lines) == 2 + len(ROWS)
+    # every line ends its right-aligned last column at the same terminal column
+    assert len({_cols(line) for line in lines}) == 1, text
+    # the id column ends at the same terminal column on every row
+    ends = {_cols(line[:line.index(cell) + len(cell)])
+            for line, cell in zip(lines[2:], ["1", "12,288", "7"])}
+    assert len(ends) == 1, text
+    assert "3.142" in text and "0.500" in text and "12,288" in text
+
+
+def test_table_html_is_a_real_table_with_numbers_right_aligned():
+    tags = _parse(Table(ROWS, ["token", "id", "p"], title="demo")._repr_html_())
+    cells = [t for t in tags if t["tag"] == "td"]
+    assert [c["text"] for c in cells] == ["北京", "1", "0.50", "是中国的首", "12,288", "0.25",
+                                          "the", "7", "3.14"]
+    for c in cells:
+        right = c["text"][0].isdigit()
+        assert ("text-align:right" in c["attrs"]["style"]) == right, c
+    assert [t["text"] for t in tags if t["tag"] == "caption"] == ["demo"]
+    assert [t["text"] for t in tags if t["tag"] == "th"] == ["token", "id", "p"]
+
+
+def test_table_escapes_html_and_is_deterministic():
+    t = Table([["<b>&", -0.0001]], ["a", "b"])
+    assert "&lt;b&gt;&amp;" in t._repr_html_() and "<b>" not in t._repr_html_()
+    assert "-0.00" not in t.to_text()          # negative zero shown as 0.00
+    assert t._repr_html_() == Table([["<b>&", -0.0001]], ["a", "b"])._repr_html_()
+
+
+def test_table_fits_90_columns_by_narrowing_the_gap():
+    rows = [["x" * 14] * 6]
+    text = Table(rows, [f"h{i}" for i in range(6)]).to_text()
+    assert max(_cols(line) for line in text.splitlines()) <= 90   # 6*14 + 5 = 89
+
+
+def test_table_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="rows\\[0\\] has 2 cells"):
+        Table([[1, 2]], ["a"])
+    with pytest.raises(ValueError, match="align"):
+        Table([[1, 2]], ["a", "b"], align="<<<")
+    with pytest.raises(TypeError, match="digits"):
+        Table([[1, 2]], ["a", "b"], digits=1.5)
+
+
+CONTROLS = {"batch B": [1, 2, 4, 8], "mode": ["prefill", "decode", "both"]}
+
+
+def _explorer(**kw):
+    return precomputed_explorer(lambda **c: f"B={c['batch B']} mode={c['mode']}", CONTROLS, **kw)
+
+
+def test_explorer_html_holds_every_combination_exactly_once():
+    html = _explorer()._repr_html_()
+    outs = [t for t in _parse(html) if "tf-out" in t["attrs"].get("class", "")]
+    assert len(outs) == 12
+    for (i, b), (j, m) in itertools.product(enumerate(CONTROLS["batch B"]),
+                                            enumerate(CONTROLS["mode"])):
+        want = f"B={b} mode={m}"
+        assert html.count(want) == 1, want
+        [o] = [o for o in outs if o["attrs"]["data-key"] == f"{i}-{j}"]
+        assert o["text"].strip() == want
+
+
+def test_explorer_shows_the_default_and_hides_the_rest():
+    for default, key in [(None, "0-0"), ({"batch B": 4, "mode": "decode"}, "2-1")]:
+        tags = _parse(_explorer(default=default)._repr_html_())
+        visible = [t["attrs"]["data-key"] for t in tags
+                   if "tf-out" in t["attrs"].get("class", "")
+                   and "display:none" not in t["attrs"].get("style", "")]
+        assert visible == [key]
+        [rng] = [t for t in tags if t["tag"] == "input"]
+        assert rng["attrs"]["type"] == "range" and rng["attrs"]["value"] == key.split("-")[0]
+        [sel] = [t for t in tags if t["tag"] == "select"]
+        assert [t["attrs"].get("selected", "no") for t in tags if t["tag"] == "option"
+                ].index(None) == int(key.split("-")[1])   # `selected` has no value
+        assert "oninput" in sel["attrs"] and "oninput" in rng["attrs"]
+
+
+def test_explorer_has_no_external_code_and_a_short_text_repr():
+    ex = _explorer(title="demo")
+    html = ex._repr_html_()
+    assert "<script" not in html and "src=\"http" not in html and "//" not in html
+    assert repr(ex) == ("demo: precomputed explorer: batch B (4 values) x mode (3 values) "
+                        "= 12 outputs")
+
+
+def test_explorer_refuses_large_grids():
+    big = {"a": list(range(static.MAX_OUTPUTS)), "b": [0, 1]}
+    with pytest.raises(ValueError, match="MAX_OUTPUTS"):
+        precomputed_explorer(lambda a, b: "", big)
+    with pytest.raises(ValueError, match="default"):
+        _explorer(default={"batch B": 3})
+
+
+def test_explorer_embeds_figures_once_and_closes_them():
+    plt.close("all")
+
+    def fig(k):
+        f, ax = plt.subplots(figsize=(3, 2))
+        ax.plot([0, 1], [0, k])
+        ax.set_title(f"slope {k}")
+        plt.figure()   # a stray figure fn forgot: closed too
+        return f
+
+    ex = precomputed_explorer(fig, {"k": [1, 2]})
+    assert plt.get_fignums() == []
+    imgs = [t for t in _parse(ex._repr_html_()) if t["tag"] == "img"]
+    assert [t["attrs"]["alt"] for t in imgs] == ["slope 1", "slope 2"]
+    for t in imgs:
+        png = base64.b64decode(t["attrs"]["src"].split(",", 1)[1])
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        assert int(t["attrs"]["width"]) * 2 in (int.from_bytes(png[16:20], "big"),
+                                                int.from_bytes(png[16:20], "big") - 1)
+    # same inputs, same bytes (stored outputs stay stable)
+    assert precomputed_explorer(fig, {"k": [1, 2]})._repr_html_() == ex._repr_html_()
+    svg = precomputed_explorer(fig, {"k": [1]}, kind="svg")._repr_html_()
+    assert "<svg" in svg and svg == precomputed_explorer(fig, {"k": [1]}, kind="svg")._repr_html_()
+    plt.close("all")
+
+
+def test_explorer_renders_tables_as_html():
+    ex = precomputed_explorer(lambda n: Table([[n, n * n]], ["n", "n^2"]), {"n": [2, 3]})
+    cells = [t["text"] for t in _parse(ex._repr_html_()) if t["tag"] == "td"]
+    assert cells == ["2", "4", "3", "9"]
+
