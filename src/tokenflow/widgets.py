@@ -535,7 +535,7 @@ def prob_text(p: float) -> str:
     return "0" if p == 0 else f"{p:.4f}" if p >= 1e-3 else f"{p:.1e}"
 
 
-def moe_routing_static(num_experts=(8, 64, 256), top_k=(2, 6), world_size=(2, 4, 8),
+def moe_routing_static(num_experts=(8, 64, 256), top_k=(2, 6), world_size=(2, 8),
                        batch_size: int = 4, seq_len: int = 64, hidden_size: int = 7168,
                        bytes_per_element: float = 2, capacity_factor: float = 1.25):
     """:func:`moe_routing_explorer` without a kernel: :func:`tokenflow.plots.routing_load_plot`
@@ -564,11 +564,11 @@ def moe_routing_static(num_experts=(8, 64, 256), top_k=(2, 6), world_size=(2, 4,
                "EP ranks W": list(world_size)},
         title=f"routing B x S = {batch_size} x {seq_len} random tokens (H = {hidden_size}, "
               f"{bytes_per_element} bytes per element)",
-        default={"experts E": 64, "top-k K": 6, "EP ranks W": 4})
+        default={"experts E": 64, "top-k K": 6, "EP ranks W": 8})
 
 
 def sampling_static(logits, tokenizer, temperature=(0.5, 1.0, 2.0), top_k=(3, 50),
-                    top_p=(0.7, 0.95, 1.0), min_p=(0.0, 0.1), n: int = 12, seed: int = 0):
+                    top_p=(0.7, 1.0), min_p=(0.0, 0.1), n: int = 12, seed: int = 0):
     """:func:`sampling_explorer` without a kernel: :func:`tokenflow.plots.sampling_panel`
     (quiet: the kept count and the drawn token go in the title) for every combination of the
     given values.
