@@ -296,7 +296,8 @@ def moe_routing_summary(num_experts: int, top_k: int, batch_size: int, seq_len: 
                              hidden_size=hidden_size, bytes_per_element=bytes_per_element,
                              capacity_factor=capacity_factor, seed=seed)
     except ValueError as exc:
-        return f"ValueError: {exc}"
+        import textwrap
+        return textwrap.fill(f"ValueError: {exc}", width=90, subsequent_indent="  ")
     pairs = r["tokens"] * top_k
     return "\n".join([
         f"E={num_experts} experts, top-k={top_k}, B={batch_size} x S={seq_len} = "
@@ -562,8 +563,8 @@ def moe_routing_static(num_experts=(8, 64, 256), top_k=(2, 6), world_size=(2, 8)
     return precomputed_explorer(
         show, {"experts E": list(num_experts), "top-k K": list(top_k),
                "EP ranks W": list(world_size)},
-        title=f"routing B x S = {batch_size} x {seq_len} random tokens (H = {hidden_size}, "
-              f"{bytes_per_element} bytes per element)",
+        title=f"B x S = {batch_size} x {seq_len} random tokens, H = {hidden_size}, "
+              f"{bytes_per_element} B/element",
         default={"experts E": 64, "top-k K": 6, "EP ranks W": 8})
 
 
