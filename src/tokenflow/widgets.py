@@ -572,7 +572,7 @@ def sampling_static(logits, tokenizer, temperature=(0.5, 1.0, 2.0), top_k=(3, 50
                     top_p=(0.7, 1.0), min_p=(0.0, 0.1), n: int = 12, seed: int = 0):
     """:func:`sampling_explorer` without a kernel: :func:`tokenflow.plots.sampling_panel`
     (quiet: the kept count and the drawn token go in the title) for every combination of the
-    given values.
+    given values. Shown first: the temperature closest to 1 with the loosest filters.
 
     Raises:
         ValueError: as :func:`tokenflow.viz.precomputed_explorer` or
@@ -588,7 +588,8 @@ def sampling_static(logits, tokenizer, temperature=(0.5, 1.0, 2.0), top_k=(3, 50
         show, {"temperature": list(temperature), "top-k": list(top_k), "top-p": list(top_p),
                "min-p": list(min_p)},
         title=f"the {n} most likely tokens; drawn with seed {seed}",
-        default={"temperature": 1.0, "top-k": max(top_k), "top-p": 1.0, "min-p": 0.0})
+        default={"temperature": min(temperature, key=lambda t: abs(t - 1.0)),
+                 "top-k": max(top_k), "top-p": max(top_p), "min-p": min(min_p)})
 
 
 def logit_lens_static(lens, tokenizer, tokens: list[str], token_ids=(), k: int = 5):
@@ -619,5 +620,5 @@ def decode_trace_static(config, batch_size=(1, 2, 4, 8), seq_len=(1, 8, 32),
         show, {"batch B": list(batch_size), "seq len S": list(seq_len),
                "experts E": list(num_experts)},
         title="trace of a random-weight model, blocks 0 and 1",
-        default={"batch B": batch_size[0], "seq len S": seq_len[1],
-                 "experts E": num_experts[1]})
+        default={"batch B": batch_size[0], "seq len S": seq_len[min(1, len(seq_len) - 1)],
+                 "experts E": num_experts[min(1, len(num_experts) - 1)]})
