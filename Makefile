@@ -2,7 +2,8 @@
 #   make book   build the HTML book (stored outputs, strict) -> _build/html/index.html
 #   make test   unit tests + nbval on every notebook + strict book build
 #   make lab    JupyterLab on notebooks/
-# A fresh machine needs Python 3.11, git, make and node/npm (npm only fetches the offline widget JS).
+# A fresh machine needs Python 3.11, git, make and node/npm (npm only fetches the offline widget JS);
+# `make test` also needs Debian's chromium (installed by `make test` itself under CI as root).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -14,8 +15,12 @@ STAMP   := $(VENV)/.installed
 # python3.11 if it runs, else python3
 PYTHON  ?= $(shell for p in python3.11 python3; do if $$p -c 'import sys' >/dev/null 2>&1; then command -v $$p; break; fi; done)
 WIDGET_JS := .widgets_js/extra/_static/tokenflow-widgets/VERSIONS.txt
+# torch's pin, read from requirements.txt; on Linux it comes from PyTorch's CPU wheel index (the
+# default index's Linux wheel is the CUDA build, several GB of nvidia packages).
+TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: help venv setup book widget-js test lab clean distclean
+.PHONY: help venv setup book widget-js chromium test lab clean distclean
 
 help:
 	@echo "make book   build the HTML book into _build/html (strict, from stored outputs)"
@@ -32,8 +37,15 @@ $(VPY):
 	$(PYTHON) -m venv $(VENV)
 
 # Re-install only when requirements.txt or pyproject.toml changed (torch is pinned there: torch==2.13.0).
+# torch first from the CPU index (--no-deps: its dependencies come with requirements.txt); where
+# that index is unreachable, fail within seconds (--timeout 5 --retries 0, overriding any
+# PIP_DEFAULT_TIMEOUT) and let requirements.txt take torch from the default index instead.
 $(STAMP): requirements.txt pyproject.toml | $(VPY)
 	$(VPY) -m pip install --upgrade pip
+	if [ "$$(uname -s)" = Linux ]; then \
+	    $(VPY) -m pip install --no-deps --timeout 5 --retries 0 --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)" \
+	    || echo "PyTorch's CPU index unreachable: installing $(TORCH_PIN) from the default index"; \
+	fi
 	$(VPY) -m pip install -r requirements.txt
 	touch $@
 
@@ -46,14 +58,23 @@ widget-js:
 	fi
 	bash scripts/fetch_widget_js.sh
 
+# Debian's chromium for tests/test_browser.py (Playwright drives it; no `playwright install`).
+chromium:
+	@if ! command -v chromium >/dev/null 2>&1 && [ "$${CI:-}" = "true" ] && [ "$$(id -u)" = 0 ]; then \
+	    echo "chromium not found: installing Debian's chromium (CI only)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	fi
+
 book: $(STAMP) widget-js
 	$(VENV)/bin/jupyter-book build -W -n --keep-going .
 	@echo "$(CURDIR)/_build/html/index.html"
 
 # --- tests -------------------------------------------------------------------------------------
 # tests/*.py as usual; --nbval makes pytest collect notebooks/*.ipynb and compare stored outputs.
-# tests/test_book.py builds the book strictly into a temporary folder (it fetches the widget JS).
-test: $(STAMP) widget-js
+# The book is built strictly once per run into a temporary folder (tests/conftest.py), then
+# checked as files (tests/test_book.py) and in headless Chromium (tests/test_browser.py, which
+# saves screenshots to _build/screenshots/).
+test: $(STAMP) widget-js chromium
 	$(VPY) -m pytest -n 2 --dist loadfile --nbval --nbval-current-env \
 	    --nbval-sanitize-with tests/nbval_sanitize.cfg tests notebooks
 

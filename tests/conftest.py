@@ -47,3 +47,52 @@ def traced_prompt(pretrained):
     with torch.no_grad():
         model(torch.tensor([tok.encode(prompt)]), trace=trace)
     return model, tok, tok.tokens(prompt), trace
+
+
+def _jupyter_book() -> str:
+    import shutil
+    import sys
+    from pathlib import Path
+    exe = Path(sys.executable).with_name("jupyter-book")
+    if exe.exists():
+        return str(exe)
+    found = shutil.which("jupyter-book")
+    assert found, "jupyter-book is not installed in this environment"
+    return found
+
+
+@pytest.fixture(scope="session")
+def book_html_dir(tmp_path_factory, worker_id):
+    """``_build/html`` of the book, built strictly (``jupyter-book build -W -n --keep-going``)
+    into a temporary folder ONCE per test run: under pytest-xdist the workers share one build
+    (the first builds under a file lock, the others wait and reuse it). Used by
+    tests/test_book.py and tests/test_browser.py. With $TOKENFLOW_BOOK_HTML set to an existing
+    ``_build/html`` folder, that one is used instead (no build: for working on the tests)."""
+    import fcntl
+    import os
+    import subprocess
+    import time
+    from pathlib import Path
+    if os.environ.get("TOKENFLOW_BOOK_HTML"):
+        return Path(os.environ["TOKENFLOW_BOOK_HTML"]).resolve()
+    root = Path(__file__).resolve().parents[1]
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent   # one folder for all workers
+    out, done = shared / "book", shared / "book.done"
+    with open(shared / "book.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            subprocess.run(["bash", str(root / "scripts" / "fetch_widget_js.sh")], cwd=root,
+                           check=True)
+            cmd = [_jupyter_book(), "build", "-W", "-n", "--keep-going", "--path-output",
+                   str(out), "."]
+            start = time.perf_counter()
+            proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+            assert proc.returncode == 0, (
+                f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout ---\n"
+                f"{proc.stdout[-8000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
+            print(f"book built in {time.perf_counter() - start:.1f} s")
+            done.touch()
+    html = out / "_build" / "html"
+    assert html.is_dir(), f"no HTML output in {out}"
+    return html

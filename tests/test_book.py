@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
-import sys
-import time
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -31,31 +27,10 @@ CDN_WIDGET_JS = re.compile(
 )
 
 
-def _jupyter_book() -> str:
-    exe = Path(sys.executable).with_name("jupyter-book")
-    if exe.exists():
-        return str(exe)
-    found = shutil.which("jupyter-book")
-    assert found, "jupyter-book is not installed in this environment"
-    return found
-
-
 @pytest.fixture(scope="module")
-def html_dir(tmp_path_factory) -> Path:
-    subprocess.run(["bash", str(ROOT / "scripts" / "fetch_widget_js.sh")], cwd=ROOT, check=True)
-    out = tmp_path_factory.mktemp("book")
-    cmd = [_jupyter_book(), "build", "-W", "-n", "--keep-going", "--path-output", str(out), "."]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    assert proc.returncode == 0, (
-        f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-8000:]}"
-        f"\n--- stderr ---\n{proc.stderr[-8000:]}"
-    )
-    print(f"book built in {seconds:.1f} s")
-    html = out / "_build" / "html"
-    assert html.is_dir(), f"no HTML output in {out}"
-    return html
+def html_dir(book_html_dir) -> Path:
+    """The book built once per test run (conftest.py's ``book_html_dir``)."""
+    return book_html_dir
 
 
 class _Tags(HTMLParser):

@@ -1,0 +1,231 @@
+"""The built book read in a real browser: headless Chromium (Debian's ``chromium``) driven by
+Playwright, every page served from 127.0.0.1 with every other request blocked.
+
+Per page of _toc.yml, at 1280 px: no console errors, no blocked (non-local) requests, every
+image loaded, no code or output box wider than its content without a scrollbar, math typeset
+by MathJax where the page has math, the sidebar lists every chapter, and each kernel-less
+explorer (tokenflow.viz.precomputed_explorer) shows a different output when its controls move.
+A full-page screenshot per page at 1280 px and (the same page reflowed) at 390 px goes to
+``_build/screenshots/`` as JPEG.
+
+The book is built once per test run (the ``book_html_dir`` fixture in conftest.py, shared with
+tests/test_book.py). Chromium: /usr/bin/chromium, or $TOKENFLOW_CHROMIUM; the Makefile installs
+Debian's package under CI. ``playwright install`` is not needed (and downloads a browser).
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+from playwright.sync_api import sync_playwright
+
+ROOT = Path(__file__).resolve().parents[1]
+SHOTS = ROOT / "_build" / "screenshots"
+# Boxes that must scroll (not clip) when their content is wider than they are.
+BOXES = ("div.cell_input, div.cell_output, div.cell_output .output, div.highlight, "
+         "div.highlight pre, div.cell_output pre, .tf-explorer, .tf-table-wrap, "
+         "mjx-container[display='true']")
+
+
+def _chromium() -> str:
+    exe = os.environ.get("TOKENFLOW_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    assert Path(exe).exists(), ("Debian's chromium is needed for the browser test: "
+                                "apt-get install chromium (make test does this under CI as root)")
+    return exe
+
+
+def toc_pages() -> list[str]:
+    """Every file in _toc.yml (root first), without suffix, e.g. ``notebooks/00_token_flow``."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    files = [toc["root"]]
+    for part in toc.get("parts", []):
+        files += [c["file"] for c in part.get("chapters", [])]
+    return files
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server(book_html_dir):
+    """``http://127.0.0.1:<port>/`` serving the built book (port picked by the OS)."""
+    handler = functools.partial(_Quiet, directory=str(book_html_dir))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def open_page(browser, base: str, path: str, width: int):
+    """A page at ``width`` x 900 px with non-local requests blocked; returns (page, log) where
+    log has ``errors`` (console errors, page errors, failed loads) and ``blocked`` URLs."""
+    ctx = browser.new_context(viewport={"width": width, "height": 900})
+    log = {"errors": [], "blocked": []}
+
+    def route(r):
+        url = r.request.url
+        if url.startswith(base) or url.startswith(("data:", "blob:")):
+            return r.continue_()
+        log["blocked"].append(url)
+        return r.abort()
+
+    ctx.route("**/*", route)
+    page = ctx.new_page()
+    page.on("console", lambda m: m.type == "error" and log["errors"].append(
+        f"console: {m.text} @ {m.location.get('url', '')}"))
+    page.on("pageerror", lambda e: log["errors"].append(f"pageerror: {e}"))
+    page.on("response", lambda r: r.status >= 400 and log["errors"].append(
+        f"HTTP {r.status}: {r.url}"))
+    page.goto(base + path, wait_until="load")
+    page.wait_for_function(WIDGETS_DRAWN, timeout=15_000)   # widgets drawn, fonts fetched
+    page.evaluate("() => document.fonts.ready.then(() => null)")
+    page.evaluate("() => (window.MathJax && MathJax.startup && MathJax.startup.promise) || null")
+    return page, log
+
+
+WIDGETS_DRAWN = """() => !document.querySelector(
+    'script[type="application/vnd.jupyter.widget-view+json"]')
+  || document.querySelectorAll('.jupyter-widgets').length > 0"""
+
+CHECKS_JS = """(boxes) => {
+  const imgs = [...document.querySelectorAll('img')];
+  const clipped = [...document.querySelectorAll(boxes)].filter(e => {
+      const o = getComputedStyle(e).overflowX;
+      return e.scrollWidth > e.clientWidth + 1 && o !== 'auto' && o !== 'scroll';
+  }).map(e => e.className + ': ' + e.scrollWidth + ' > ' + e.clientWidth + ' px; '
+                + (e.innerText || '').slice(0, 60));
+  const nav = [...document.querySelectorAll('.bd-sidebar-primary nav a.reference.internal')];
+  return {
+    images: imgs.length,
+    broken: imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src.slice(0, 80)),
+    clipped: clipped,
+    math_sources: document.querySelectorAll('.math, span.math, div.math').length,
+    equations: document.querySelectorAll('mjx-container').length,
+    math_errors: document.querySelectorAll('mjx-merror').length,
+    nav: nav.map(a => new URL(a.href).pathname),
+    page_overflow: document.scrollingElement.scrollWidth - window.innerWidth,
+    explorers: document.querySelectorAll('.tf-explorer').length,
+  };
+}"""
+
+# Move every control of every explorer to its last value, one at a time; after each move
+# exactly one output must be visible and it must differ from the one shown before.
+EXPLORE_JS = """() => {
+  const visible = x => [...x.querySelectorAll('.tf-out')].filter(o => o.style.display !== 'none');
+  const moves = [];
+  for (const x of document.querySelectorAll('.tf-explorer')) {
+    for (const c of x.querySelectorAll('[data-tf-ctl]')) {
+      const before = visible(x).map(o => o.getAttribute('data-key'));
+      const last = String((c.tagName === 'SELECT' ? c.options.length : (+c.max + 1)) - 1);
+      if (c.value === last) { continue; }
+      c.value = last;
+      c.dispatchEvent(new Event('input', {bubbles: true}));
+      const after = visible(x);
+      moves.push({before: before, after: after.map(o => o.getAttribute('data-key')),
+                  shown: after.length === 1 && after[0].getBoundingClientRect().height > 0});
+    }
+  }
+  return moves;
+}"""
+
+
+def _explore_ok(moves) -> list[str]:
+    return [f"explorer move {m}" for m in moves
+            if not (m["shown"] and len(m["before"]) == 1 and m["after"] != m["before"])]
+
+
+def check_page(browser, base: str, path: str) -> dict:
+    """All checks of one page at 1280 px (+ the 390 px screenshot); returns its counts and
+    the list of problems found."""
+    page, log = open_page(browser, base, path, 1280)
+    r = page.evaluate(CHECKS_JS, BOXES)
+    name = path.replace("/", "__").removesuffix(".html")
+    page.screenshot(path=str(SHOTS / f"{name}-1280.jpg"), full_page=True, quality=70)
+    moves = page.evaluate(EXPLORE_JS)
+    page.set_viewport_size({"width": 390, "height": 900})   # same page, reflowed for a phone
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => r(null)))")
+    page.screenshot(path=str(SHOTS / f"{name}-390.jpg"), full_page=True, quality=70)
+    page.context.close()
+    problems = log["errors"] + [f"blocked {u}" for u in log["blocked"]]
+    problems += [f"image not loaded: {u}" for u in r["broken"]]
+    problems += [f"clipped: {c}" for c in r["clipped"]] + _explore_ok(moves)
+    if r["page_overflow"] > 1:
+        problems.append(f"page scrolls sideways by {r['page_overflow']} px at 1280 px")
+    if r["math_sources"] and (r["equations"] < r["math_sources"] or r["math_errors"]):
+        problems.append(f"math: {r['math_sources']} sources, {r['equations']} typeset, "
+                        f"{r['math_errors']} errors")
+    want = {"/" + f + ".html" for f in toc_pages()[1:]}
+    missing = want - set(r["nav"])
+    if missing:
+        problems.append(f"sidebar misses {sorted(missing)}")
+    return {"images": r["images"], "sliders_moved": len(moves), "equations": r["equations"],
+            "console_errors": len(log["errors"]), "problems": problems}
+
+
+def test_every_page_in_chromium(browser, server):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    report, problems = {}, []
+    for f in toc_pages():
+        res = check_page(browser, server, f + ".html")
+        report[f] = res
+        problems += [f"{f}: {p}" for p in res.pop("problems")]
+    print("\npage                              images  sliders moved  equations  console errors")
+    for f, r in report.items():
+        print(f"{f:<34}{r['images']:>6}{r['sliders_moved']:>15}{r['equations']:>11}"
+              f"{r['console_errors']:>16}")
+    print(f"screenshots: {SHOTS}")
+    assert not problems, "\n".join(problems)
+
+
+def test_explorer_works_in_chromium(browser, tmp_path):
+    """A page holding only a precomputed explorer (figures and a table), no book around it:
+    served locally, moving each control shows a different output, images load, no errors."""
+    import matplotlib.pyplot as plt
+
+    from tokenflow.viz import Table, precomputed_explorer
+
+    def fig(head, layer):
+        f, ax = plt.subplots(figsize=(3, 2))
+        ax.bar([0, 1, 2], [head, layer, head + layer])
+        ax.set_title(f"head {head}, layer {layer}")
+        return f
+
+    a = precomputed_explorer(fig, {"head": [0, 1, 2], "layer": [0, 1]}, title="figures")
+    b = precomputed_explorer(lambda mode: Table([[mode, len(mode)]], ["mode", "chars"]),
+                             {"mode": ["prefill", "decode"]}, title="tables")
+    (tmp_path / "x.html").write_text(
+        f"<!doctype html><meta charset=utf-8><body>{a._repr_html_()}{b._repr_html_()}</body>",
+        encoding="utf-8")
+    handler = functools.partial(_Quiet, directory=str(tmp_path))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{httpd.server_address[1]}/"
+        page, log = open_page(browser, base, "x.html", 1280)
+        imgs = page.evaluate("() => [...document.images].map(i => i.naturalWidth)")
+        moves = page.evaluate(EXPLORE_JS)
+        page.context.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert len(imgs) == 6 and min(imgs) > 0
+    assert len(moves) == 3 and not _explore_ok(moves), moves
+    assert not log["errors"] and not log["blocked"], log
