@@ -408,3 +408,31 @@ def test_public_filter_steps_validate_their_argument():
         apply_top_p(x, 0.0)
     with pytest.raises(ValueError, match="min_p"):
         apply_min_p(x, 1.5)
+
+
+# --------------------------------------------------------------------------- the chapter's figure
+
+def test_sampling_panel_always_draws_the_sampled_token_in_green():
+    """A flat tail: the seeded draw lands outside the 12 best tokens, yet gets a green bar."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+    from tokenflow.plots import sampling_panel
+    from tokenflow.trace import COLORS
+
+    class Names:
+        def id_to_token(self, i):
+            return f"t{i}"
+    logits = torch.zeros(200)
+    logits[:12] = 0.5                                   # 12 slightly better tokens, 188 others
+    chosen = int(sample(logits, 1.0, generator=torch.Generator().manual_seed(0)))
+    assert chosen >= 12, "pick a seed whose draw falls in the tail"
+    fig = sampling_panel(logits, Names(), temperature=1.0, n=12, seed=0)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert len(labels) == 12 and labels[-1] == f"t{chosen}"
+    filled = [p for p in ax.patches if p.get_fill()][:12]
+    greens = [i for i, p in enumerate(filled) if to_hex(p.get_facecolor()) == to_hex(COLORS["token"])]
+    assert greens == [11]
+    plt.close(fig)

@@ -787,12 +787,16 @@ def frequency_bars(tokens: list[str], probs, freqs, title: str = ""):
 
 def sampling_panel(logits, tokenizer, temperature: float = 1.0, top_k: int | None = None,
                    top_p: float | None = None, min_p: float | None = None, n: int = 12,
-                   seed: int = 0):
+                   seed: int = 0, quiet: bool = False):
     """Filter one position's ``logits [V]``, draw one token with a seeded generator, print a
-    one-line summary and draw :func:`sampling_bars` for the ``n`` most likely tokens.
+    one-line summary and draw :func:`sampling_bars` for the ``n`` most likely tokens (after
+    temperature). If the drawn token is not among them, it replaces the ``n``-th, so its green
+    bar is always shown.
 
     The printed line (kept tokens, their mass before renormalising, the drawn token) is what
-    the chapter's widget shows; the same call in a plain cell is checked by nbval.
+    the chapter's widget shows; the same call in a plain cell is checked by nbval. With
+    ``quiet=True`` nothing is printed and the figure's title says how many tokens were kept
+    and which one was drawn (for :func:`tokenflow.widgets.sampling_static`).
 
     Raises:
         TypeError, ValueError: as :func:`tokenflow.sampling.filter_logits`.
@@ -807,15 +811,20 @@ def sampling_panel(logits, tokenizer, temperature: float = 1.0, top_k: int | Non
     chosen = int(sample(logits, temperature, top_k, top_p, min_p,
                         generator=torch.Generator().manual_seed(seed)))
     top = before.topk(min(n, before.numel())).indices.tolist()
+    if chosen not in top:               # the drawn token always gets a (green) bar: last place
+        top = top[:-1] + [chosen]
     names = [tokenizer.id_to_token(i) for i in top]
-    print(f"T={temperature}, top_k={top_k}, top_p={top_p}, min_p={min_p}: "
-          f"{int(kept.sum())} of {kept.numel()} tokens kept, holding "
-          f"{float(before[kept].sum()):.4f} of the probability; "
-          f"drawn (seed {seed}): {tokenizer.id_to_token(chosen)}")
+    title = f"T={temperature}, top-k={top_k}, top-p={top_p}, min-p={min_p}"
+    if quiet:
+        title += (f": {int(kept.sum())} of {kept.numel()} kept, "
+                  f"drawn {tokenizer.id_to_token(chosen)}")
+    else:
+        print(f"T={temperature}, top_k={top_k}, top_p={top_p}, min_p={min_p}: "
+              f"{int(kept.sum())} of {kept.numel()} tokens kept\n"
+              f"  they held {float(before[kept].sum()):.3f} of the probability; "
+              f"drawn (seed {seed}): {tokenizer.id_to_token(chosen)}")
     return sampling_bars(names, before[top], after[top], kept[top],
-                         chosen=top.index(chosen) if chosen in top else None,
-                         title=f"T={temperature}, top-k={top_k}, top-p={top_p}, "
-                               f"min-p={min_p}")
+                         chosen=top.index(chosen), title=title)
 
 
 # --------------------------------------------------------------------- chapter 06 (F6)

@@ -276,20 +276,21 @@ def moe_routing_summary(num_experts: int, top_k: int, batch_size: int, seq_len: 
                              hidden_size=hidden_size, bytes_per_element=bytes_per_element,
                              capacity_factor=capacity_factor, seed=seed)
     except ValueError as exc:
-        return f"ValueError: {exc}"
+        import textwrap
+        return textwrap.fill(f"ValueError: {exc}", width=90, subsequent_indent="  ")
     pairs = r["tokens"] * top_k
     return "\n".join([
         f"E={num_experts} experts, top-k={top_k}, B={batch_size} x S={seq_len} = "
         f"{r['tokens']} tokens -> {pairs} (token, expert) pairs",
         f"  load: min {min(r['counts'])}, mean {pairs / num_experts:.4g}, max "
-        f"{max(r['counts'])} pairs per expert; imbalance max/mean {r['imbalance']:.4f}",
+        f"{max(r['counts'])} pairs per expert; imbalance max/mean {r['imbalance']:.2f}",
         f"  capacity factor {capacity_factor}: capacity {r['capacity']} rows per expert, "
         f"{r['dropped']} pairs over it ({r['dropped'] / max(pairs, 1):.2%})",
         f"  EP over {world_size} ranks: {r['local_pairs']} pairs stay local, "
         f"{r['remote_pairs']} cross ranks",
         f"  all-to-all at H={hidden_size}, {bytes_per_element} B/element: dispatch "
-        f"{r['dispatch_bytes']:,} B + combine {r['combine_bytes']:,} B "
-        f"(uniform-routing formula: {int(r['uniform_bytes']):,} B each way)"])
+        f"{r['dispatch_bytes']:,} B + combine {r['combine_bytes']:,} B",
+        f"  (uniform-routing formula: {int(r['uniform_bytes']):,} B each way)"])
 
 
 def moe_routing_explorer(hidden_size: int = 7168, bytes_per_element: float = 2,
@@ -657,3 +658,112 @@ def kv_cache_static(config, seq_len=(1, 16, 64, 128), batch_size: int = 1,
         {"S": list(seq_len), "kv_heads": divisors},
         default={"S": seq_len[-1], "kv_heads": config.num_key_value_heads},
         title=f"{config.name}: KV cache for sequence length S and K/V heads ({dtype_name})")
+
+
+# --------------------------------------------------------------------- [F8] without a kernel
+# The static book cannot run the live explorers above. Each ``*_static`` function computes its
+# explorer's outputs over a small grid now and returns a
+# :func:`tokenflow.viz.precomputed_explorer`, whose controls switch between them in the browser.
+__all__ += ["prob_text", "moe_routing_static", "sampling_static", "logit_lens_static",
+            "decode_trace_static"]
+
+
+def prob_text(p: float) -> str:
+    """A probability with the digits that matter: 4 decimals from 0.001 up (``0.4892``),
+    scientific below (``3.8e-05``), ``0`` for exactly zero.
+
+    Raises:
+        ValueError: if ``p`` is not in [0, 1].
+    """
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"p must be a probability in [0, 1], got {p!r}")
+    return "0" if p == 0 else f"{p:.4f}" if p >= 1e-3 else f"{p:.1e}"
+
+
+def moe_routing_static(num_experts=(8, 64, 256), top_k=(2, 6), world_size=(2, 8),
+                       batch_size: int = 4, seq_len: int = 64, hidden_size: int = 7168,
+                       bytes_per_element: float = 2, capacity_factor: float = 1.25):
+    """:func:`moe_routing_explorer` without a kernel: :func:`tokenflow.plots.routing_load_plot`
+    of :func:`tokenflow.expert_parallel.simulate_routing` for every ``(E, K, W)`` of the
+    grid (``B x S`` random tokens), titled with the tokens dropped at ``capacity_factor`` and
+    the all-to-all bytes at ``hidden_size`` / ``bytes_per_element``.
+
+    Raises:
+        ValueError: as :func:`tokenflow.viz.precomputed_explorer` (grid too large), or
+            :func:`simulate_routing` (a ``W`` that does not divide an ``E``).
+    """
+    from .expert_parallel import simulate_routing
+    from .plots import routing_load_plot
+    from .viz import format_bytes, precomputed_explorer
+
+    def show(**kw):
+        E, K, W = kw["experts E"], kw["top-k K"], kw["EP ranks W"]
+        r = simulate_routing(E, K, batch_size, seq_len, world_size=W, hidden_size=hidden_size,
+                             bytes_per_element=bytes_per_element,
+                             capacity_factor=capacity_factor)
+        return routing_load_plot(r, title=(
+            f"E={E}, K={K}, {r['tokens']} tokens on W={W}: {r['dropped']} pairs over capacity, "
+            f"{format_bytes(r['dispatch_bytes'])} dispatched"))
+    return precomputed_explorer(
+        show, {"experts E": list(num_experts), "top-k K": list(top_k),
+               "EP ranks W": list(world_size)},
+        title=f"B x S = {batch_size} x {seq_len} random tokens, H = {hidden_size}, "
+              f"{bytes_per_element} B/element",
+        default={"experts E": 64, "top-k K": 6, "EP ranks W": 8})
+
+
+def sampling_static(logits, tokenizer, temperature=(0.5, 1.0, 2.0), top_k=(3, 50),
+                    top_p=(0.7, 1.0), min_p=(0.0, 0.1), n: int = 12, seed: int = 0):
+    """:func:`sampling_explorer` without a kernel: :func:`tokenflow.plots.sampling_panel`
+    (quiet: the kept count and the drawn token go in the title) for every combination of the
+    given values. Shown first: the temperature closest to 1 with the loosest filters.
+
+    Raises:
+        ValueError: as :func:`tokenflow.viz.precomputed_explorer` or
+            :func:`tokenflow.sampling.filter_logits`.
+    """
+    from .plots import sampling_panel
+    from .viz import precomputed_explorer
+
+    def show(**kw):
+        return sampling_panel(logits, tokenizer, kw["temperature"], kw["top-k"], kw["top-p"],
+                              kw["min-p"], n=n, seed=seed, quiet=True)
+    return precomputed_explorer(
+        show, {"temperature": list(temperature), "top-k": list(top_k), "top-p": list(top_p),
+               "min-p": list(min_p)},
+        title=f"the {n} most likely tokens; drawn with seed {seed}",
+        default={"temperature": min(temperature, key=lambda t: abs(t - 1.0)),
+                 "top-k": max(top_k), "top-p": max(top_p), "min-p": min(min_p)})
+
+
+def logit_lens_static(lens, tokenizer, tokens: list[str], token_ids=(), k: int = 5):
+    """:func:`logit_lens_explorer` without a kernel: :func:`logit_lens_topk` for every depth
+    and position of ``lens [L+1, B, S, V]`` (batch row 0). Shows the last depth and position
+    first."""
+    from .viz import precomputed_explorer
+    n_depth = lens.shape[0]
+    names = [f"{i} {t}" for i, t in enumerate(tokens)]
+
+    def show(**kw):
+        return logit_lens_topk(lens, tokenizer, kw["depth"], names.index(kw["position"]),
+                               token_ids, k=k)
+    return precomputed_explorer(show, {"depth": list(range(n_depth)), "position": names},
+                                title="logit lens: top tokens at one depth and position",
+                                default={"depth": n_depth - 1, "position": names[-1]})
+
+
+def decode_trace_static(config, batch_size=(1, 2, 4, 8), seq_len=(1, 8, 32),
+                        num_experts=(4, 8, 16)):
+    """:func:`decode_trace_explorer` without a kernel: :func:`decode_trace_summary` for every
+    ``(B, S, E)`` of the grid (random weights: only the shapes mean anything)."""
+    from .viz import precomputed_explorer
+
+    def show(**kw):
+        return decode_trace_summary(config, kw["batch B"], kw["seq len S"], kw["experts E"])
+    return precomputed_explorer(
+        show, {"batch B": list(batch_size), "seq len S": list(seq_len),
+               "experts E": list(num_experts)},
+        title="trace of a random-weight model, blocks 0 and 1",
+        default={"batch B": batch_size[0], "seq len S": seq_len[min(1, len(seq_len) - 1)],
+                 "experts E": num_experts[min(1, len(num_experts) - 1)]})
