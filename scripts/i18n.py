@@ -40,6 +40,7 @@ REPORT_DETAILS = 5           # problems shown per page in report mode (all in st
 ROLE = re.compile(r"\{([a-z][\w:-]*)\}`[^`]*`")
 LINK_TARGET = re.compile(r"\]\(([^)\s]+)\)")
 CODE = re.compile(r"`([^`]+)`")
+NUMBERED = re.compile(r"\d+[.)]\s")
 
 
 def _bin(name: str) -> str:
@@ -100,6 +101,10 @@ def markup_problems(msgid: str, msgstr: str) -> list[str]:
             msgid, msgstr = ROLE.sub("", msgid), ROLE.sub("", msgstr)
         if want != got:
             out.append(f"{name} differ: English {want}, 中文 {got}")
+    if NUMBERED.match(msgstr):
+        # parsed alone, "1. text" is a list, not the paragraph/title it replaces: Sphinx then
+        # silently keeps the English
+        out.append(r"starts like a numbered list: write `1\. ...`")
     return out
 
 

@@ -26,7 +26,9 @@ from sphinx.transforms import SphinxTransform
 from sphinx.util.i18n import docname_to_domain
 
 TEMPLATES = str(Path(__file__).with_name("templates"))
-SWITCH_TEMPLATE = "tokenflow-language-switch.html"
+SWITCH_TEMPLATE = "tokenflow-language-switch.html"      # the links alone
+HEADER_END_TEMPLATE = "tokenflow-header-end.html"      # the links + the theme's buttons, one row
+BUTTONS_TEMPLATE = "article-header-buttons.html"       # sphinx-book-theme's header buttons
 DEFAULT_EDITIONS = {
     "en": {"label": "English", "path": ""},
     "zh_CN": {"label": "中文", "path": "zh"},
@@ -68,11 +70,14 @@ def _apply_edition_config(app, config) -> None:
     options = dict(config.html_theme_options or {})
     if edition.get("search_bar_text"):
         options["search_bar_text"] = edition["search_bar_text"]
-    end = options.get("article_header_end", ["article-header-buttons.html"])
+    end = options.get("article_header_end", [BUTTONS_TEMPLATE])
     if isinstance(end, str):
         end = [item.strip() for item in end.split(",") if item.strip()]
-    if SWITCH_TEMPLATE not in end:
-        options["article_header_end"] = [SWITCH_TEMPLATE, *end]
+    if HEADER_END_TEMPLATE not in end and SWITCH_TEMPLATE not in end:
+        # the theme's buttons, wrapped in one row with the switch; else the switch goes first
+        end = ([HEADER_END_TEMPLATE if item == BUTTONS_TEMPLATE else item for item in end]
+               if BUTTONS_TEMPLATE in end else [SWITCH_TEMPLATE, *end])
+    options["article_header_end"] = end
     config.html_theme_options = options
     if TEMPLATES not in config.templates_path:
         config.templates_path = [*config.templates_path, TEMPLATES]
