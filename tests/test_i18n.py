@@ -156,6 +156,8 @@ def test_markup_problems_flags_a_dropped_role_link_or_code():
     assert any("roles" in p for p in i18n.markup_problems(msgid, "见 KV 缓存、[术语表](glossary.md) 与 `Trace()`。"))
     assert any("link" in p for p in i18n.markup_problems(msgid, "见 {term}`KV cache`、术语表与 `Trace()`。"))
     assert any("code" in p for p in i18n.markup_problems(msgid, "见 {term}`KV cache`、[术语表](glossary.md) 与 Trace()。"))
+    assert any("numbered" in p for p in i18n.markup_problems("1. token id", "1. 词元 id"))
+    assert i18n.markup_problems("1. token id", "1\\. 词元 id") == []
 
 
 def test_real_catalogs_keep_their_markup():
