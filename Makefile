@@ -1,5 +1,6 @@
 # tokenflow: build the book, run the tests, open the notebooks.
 #   make book   build the HTML book (stored outputs, strict) -> _build/html/index.html
+#               and its Chinese edition -> _build/html/zh/index.html  (see "Chinese edition" below)
 #   make test   unit tests + nbval on every notebook + strict book build
 #   make lab    JupyterLab on notebooks/
 # A fresh machine needs Python 3.11, git, make and node/npm (npm only fetches the offline widget JS);
@@ -21,11 +22,14 @@ TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: help venv setup book widget-js chromium test lab clean distclean
+.PHONY: book-zh i18n-update i18n-check
 
 help:
 	@echo "make book   build the HTML book into _build/html (strict, from stored outputs)"
 	@echo "make test   run tests/ and nbval over notebooks/ (2 workers), incl. a strict book build"
 	@echo "make lab    start JupyterLab on notebooks/"
+	@echo "make i18n-update  after changing English prose: re-extract messages into locale/zh_CN/*.po"
+	@echo "make i18n-check   translation check (I18N_STRICT=1 fails on any gap; see README)"
 	@echo "make venv   create .venv and install requirements.txt (alias: setup)"
 	@echo "make clean  remove build outputs; make distclean also removes .venv"
 
@@ -67,16 +71,32 @@ chromium:
 
 book: $(STAMP) widget-js
 	$(VENV)/bin/jupyter-book build -W -n --keep-going .
+	$(VPY) scripts/i18n.py build
 	@echo "$(CURDIR)/_build/html/index.html"
 
 # --- tests -------------------------------------------------------------------------------------
 # tests/*.py as usual; --nbval makes pytest collect notebooks/*.ipynb and compare stored outputs.
 # The book is built strictly once per run into a temporary folder (tests/conftest.py), then
 # checked as files (tests/test_book.py) and in headless Chromium (tests/test_browser.py, which
-# saves screenshots to _build/screenshots/).
-test: $(STAMP) widget-js chromium
+# saves screenshots to _build/screenshots/). i18n-check: the Chinese catalogs are current.
+test: $(STAMP) widget-js chromium i18n-check
 	$(VPY) -m pytest -n 2 --dist loadfile --nbval --nbval-current-env \
 	    --nbval-sanitize-with tests/nbval_sanitize.cfg tests notebooks
+
+# --- Chinese edition [F12] (scripts/i18n.py, locale/TRANSLATING.md) ----------------------------
+# The same sources with language=zh_CN and locale/zh_CN/LC_MESSAGES/<page>.po, built strictly into
+# _build/i18n/zh_CN (own doctrees), then copied to _build/html/zh/.
+# I18N_STRICT=1: every translation gap fails i18n-check; 0: report only; unset: the pages listed
+# in locale/STRICT (all pages if it is empty) fail, none if it does not exist.
+I18N_STRICT ?=
+book-zh: $(STAMP) widget-js
+	$(VPY) scripts/i18n.py build
+
+i18n-update: $(STAMP)
+	$(VPY) scripts/i18n.py update
+
+i18n-check: $(STAMP)
+	I18N_STRICT=$(I18N_STRICT) $(VPY) scripts/i18n.py check
 
 # --- notebooks ---------------------------------------------------------------------------------
 # (--allow-root only when run as root, e.g. in a container)

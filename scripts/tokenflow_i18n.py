@@ -1,0 +1,126 @@
+"""Sphinx extension: the two editions of the book (English and 中文) and the switch between them.
+
+The Chinese edition is the same sources built with ``language=zh_CN`` and the catalogs in
+``locale/zh_CN/LC_MESSAGES/<page>.po`` (see scripts/i18n.py and locale/TRANSLATING.md). This
+extension adds what Sphinx's own translation step does not cover:
+
+* a language switch in the article header of every page, a plain relative link to the same page
+  in the other edition (English at the site root, Chinese under ``zh/``), so it works on
+  ``file://`` pages and offline; plus ``<link rel="alternate" hreflang>`` in the page head;
+* the part captions of the table of contents: sphinx-external-toc inserts the toctrees (transform
+  priority 100) after Sphinx's ``Locale`` transform (priority 20), so their captions are
+  translated here, from the root page's catalog, where the gettext builder extracts them;
+* per-edition config values that are not messages (``html_title``, the search box placeholder
+  ``html_theme_options.search_bar_text``), from ``tokenflow_editions`` in _config.yml.
+
+Loaded by _config.yml (``sphinx: local_extensions: {tokenflow_i18n: scripts/}``).
+"""
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from sphinx import addnodes
+from sphinx.locale import init as init_locale
+from sphinx.transforms import SphinxTransform
+from sphinx.util.i18n import docname_to_domain
+
+TEMPLATES = str(Path(__file__).with_name("templates"))
+SWITCH_TEMPLATE = "tokenflow-language-switch.html"      # the links alone
+HEADER_END_TEMPLATE = "tokenflow-header-end.html"      # the links + the theme's buttons, one row
+BUTTONS_TEMPLATE = "article-header-buttons.html"       # sphinx-book-theme's header buttons
+DEFAULT_EDITIONS = {
+    "en": {"label": "English", "path": ""},
+    "zh_CN": {"label": "中文", "path": "zh"},
+}
+
+
+def _editions(config) -> dict:
+    return config.tokenflow_editions or DEFAULT_EDITIONS
+
+
+def _current(config) -> str:
+    """The edition key of this build: ``config.language`` (Sphinx's default is ``en``)."""
+    lang = config.language or "en"
+    editions = _editions(config)
+    if lang not in editions:
+        raise ValueError(f"language={lang!r} is not one of tokenflow_editions {sorted(editions)}")
+    return lang
+
+
+def edition_url(pagename: str, from_path: str, to_path: str) -> str:
+    """Relative URL from page ``pagename`` of the edition at ``from_path`` to the same page of the
+    edition at ``to_path`` (paths relative to the site root, ``""`` for the root edition).
+
+    >>> edition_url("notebooks/00_token_flow", "", "zh")
+    '../zh/notebooks/00_token_flow.html'
+    >>> edition_url("intro", "zh", "")
+    '../intro.html'
+    """
+    up = "../" * (pagename.count("/") + (from_path.count("/") + 1 if from_path else 0))
+    prefix = f"{to_path}/" if to_path else ""
+    return f"{up}{prefix}{pagename}.html"
+
+
+def _apply_edition_config(app, config) -> None:
+    """config-inited: edition title and search text, and the switch in the article header."""
+    edition = _editions(config)[_current(config)]
+    if edition.get("html_title"):
+        config.html_title = edition["html_title"]
+    options = dict(config.html_theme_options or {})
+    if edition.get("search_bar_text"):
+        options["search_bar_text"] = edition["search_bar_text"]
+    end = options.get("article_header_end", [BUTTONS_TEMPLATE])
+    if isinstance(end, str):
+        end = [item.strip() for item in end.split(",") if item.strip()]
+    if HEADER_END_TEMPLATE not in end and SWITCH_TEMPLATE not in end:
+        # the theme's buttons, wrapped in one row with the switch; else the switch goes first
+        end = ([HEADER_END_TEMPLATE if item == BUTTONS_TEMPLATE else item for item in end]
+               if BUTTONS_TEMPLATE in end else [SWITCH_TEMPLATE, *end])
+    options["article_header_end"] = end
+    config.html_theme_options = options
+    if TEMPLATES not in config.templates_path:
+        config.templates_path = [*config.templates_path, TEMPLATES]
+
+
+def _add_switch(app, pagename, templatename, context, doctree) -> None:
+    """html-page-context: links to this page in every other edition."""
+    editions = _editions(app.config)
+    here = _current(app.config)
+    links = []
+    for key, edition in editions.items():
+        if key == here:
+            continue
+        url = edition_url(pagename, editions[here].get("path", ""), edition.get("path", ""))
+        hreflang = key.replace("_", "-")
+        links.append({"url": url, "label": edition["label"], "hreflang": hreflang})
+        context["metatags"] = context.get("metatags", "") + (
+            f'<link rel="alternate" hreflang="{hreflang}" href="{html.escape(url)}" />\n'
+        )
+    context["tokenflow_editions"] = links
+
+
+class TranslateTocCaptions(SphinxTransform):
+    """Translate the captions of the toctrees that sphinx-external-toc inserted (priority 100)."""
+
+    default_priority = 101
+
+    def apply(self, **kwargs) -> None:
+        if _current(self.config) == "en" or not self.config.locale_dirs:
+            return
+        domain = docname_to_domain(self.env.docname, self.config.gettext_compact)
+        dirs = [str(Path(self.env.srcdir, d)) for d in self.config.locale_dirs]
+        catalog, has_catalog = init_locale(dirs, self.config.language, domain)
+        if not has_catalog:
+            return
+        for toctree in self.document.findall(addnodes.toctree):
+            if toctree.get("caption"):
+                toctree["caption"] = catalog.gettext(toctree["caption"])
+
+
+def setup(app):
+    app.add_config_value("tokenflow_editions", DEFAULT_EDITIONS, "html", types=[dict])
+    app.connect("config-inited", _apply_edition_config)
+    app.connect("html-page-context", _add_switch)
+    app.add_transform(TranslateTocCaptions)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

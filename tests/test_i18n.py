@@ -1,0 +1,239 @@
+"""The Chinese edition: the translation check catches stale catalogs, and the zh build works.
+
+* scripts/i18n.py ``check`` on a temporary two-page copy of the book (never the real catalogs):
+  a complete catalog passes in strict mode; one changed English sentence makes it fail, naming
+  the page and both the new (missing) and the old (orphaned) message; ``update`` turns the
+  change into a fuzzy entry, which fails too; report mode and locale/STRICT decide strictness.
+* The real catalogs keep the markup of their English (roles, link targets, inline code).
+* The Chinese edition builds strictly (-W -n) into a temporary folder: every page has
+  ``lang="zh-CN"``, its own title and search text, a switch to the same English page, and the
+  search index finds 首都 (jieba segments Chinese; without it Sphinx indexes no Chinese at all).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from babel.messages.pofile import read_po, write_po
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+PO_DIR = ROOT / "locale" / "zh_CN" / "LC_MESSAGES"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+i18n = _load("i18n")
+ext = _load("tokenflow_i18n")
+
+MINI_TOC = """\
+format: jb-book
+root: book/intro
+parts:
+  - caption: Before you start
+    chapters:
+      - file: book/preface
+"""
+
+
+def _fill(po_file: Path, prefix: str = "【译】") -> None:
+    """A stand-in 'translation' that keeps every message's markup: prefix + the English."""
+    with po_file.open("rb") as f:
+        catalog = read_po(f)
+    for message in catalog:
+        if message.id:
+            message.string = prefix + message.id
+            message.flags.discard("fuzzy")
+    with po_file.open("wb") as f:
+        write_po(f, catalog)
+
+
+def _first_sentence(path: Path) -> str:
+    """The first sentence of the first prose paragraph of a markdown page."""
+    for para in path.read_text(encoding="utf-8").split("\n\n"):
+        para = " ".join(para.split())
+        if para and para[0].isalpha():
+            return para.split(". ")[0]
+    raise AssertionError(f"no prose paragraph in {path}")
+
+
+@pytest.fixture(scope="module")
+def mini_book(tmp_path_factory) -> Path:
+    """A two-page copy of the book (intro + preface, real config and extensions) whose catalogs
+    are complete."""
+    root = tmp_path_factory.mktemp("mini") / "book-root"
+    (root / "book").mkdir(parents=True)
+    for page in ("intro.md", "preface.md"):
+        shutil.copy(ROOT / "book" / page, root / "book" / page)
+    shutil.copy(ROOT / "_config.yml", root / "_config.yml")
+    shutil.copytree(SCRIPTS, root / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "_toc.yml").write_text(MINI_TOC, encoding="utf-8")
+    i18n.update(root)
+    for po in (root / "locale").rglob("*.po"):
+        _fill(po)
+    return root
+
+
+@pytest.fixture
+def changed_book(mini_book, tmp_path) -> tuple[Path, str, str]:
+    """A copy of mini_book whose preface has one English sentence changed."""
+    root = tmp_path / "book-root"
+    shutil.copytree(mini_book, root, ignore=shutil.ignore_patterns("_build", "*.mo"))
+    page = root / "book" / "preface.md"
+    old = _first_sentence(page)
+    new = old + " This sentence is new"
+    text = page.read_text(encoding="utf-8")
+    first = old.split()[0]
+    start = text.index(first)
+    # the sentence may be wrapped over lines in the source: rewrite it on one line
+    end = start
+    for word in old.split():
+        end = text.index(word, end) + len(word)
+    page.write_text(text[:start] + new + text[end:], encoding="utf-8")
+    return root, old, new
+
+
+def test_complete_catalog_passes_strict(mini_book, capsys):
+    assert i18n.check(mini_book, "1") == 0
+    out = capsys.readouterr().out
+    assert re.search(r"book/preface\s+\d+\s+\d+\s+100\.0%\s+0\s+strict", out), out
+    assert "FAILED" not in out and "WARNING" not in out
+
+
+def test_changed_sentence_fails_naming_page_and_message(changed_book, capsys):
+    root, old, new = changed_book
+    assert i18n.check(root, "1") == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out
+    lines = [line for line in out.splitlines() if line.strip().startswith("book/preface:")]
+    assert any("missing" in line and new[:60] in line for line in lines), out
+    assert any("orphaned" in line and old[:60] in line for line in lines), out
+    assert not any(line.strip().startswith("book/intro:") for line in out.splitlines())
+
+
+def test_report_mode_and_strict_file(changed_book, capsys):
+    root, _, _ = changed_book
+    assert i18n.check(root, "0") == 0
+    out = capsys.readouterr().out
+    assert "WARNING" in out and "book/preface" in out
+    (root / "locale" / "STRICT").write_text("book/intro  # done\n", encoding="utf-8")
+    assert i18n.check(root, None) == 0              # the preface is not listed
+    (root / "locale" / "STRICT").write_text("", encoding="utf-8")
+    assert i18n.check(root, None) == 1              # empty STRICT: every page
+    (root / "locale" / "STRICT").write_text("book/nope\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="book/nope"):
+        i18n.check(root, None)
+
+
+def test_update_marks_the_change_fuzzy_and_it_still_fails(changed_book, capsys):
+    root, old, new = changed_book
+    i18n.update(root)
+    with (root / "locale" / "zh_CN" / "LC_MESSAGES" / "book" / "preface.po").open("rb") as f:
+        entries = [m for m in read_po(f) if m.id and new in " ".join(m.id.split())]
+    assert len(entries) == 1 and entries[0].fuzzy, "sphinx-intl should carry the old translation as fuzzy"
+    assert entries[0].string.startswith("【译】")
+    capsys.readouterr()
+    assert i18n.check(root, "1") == 1
+    assert any(line.strip().startswith("book/preface: fuzzy") for line in capsys.readouterr().out.splitlines())
+
+
+def test_markup_problems_flags_a_dropped_role_link_or_code():
+    msgid = "See {term}`KV cache` in [the glossary](glossary.md) and `Trace()`."
+    assert i18n.markup_problems(msgid, "见 {term}`KV 缓存 <KV cache>`、[术语表](glossary.md) 与 `Trace()`。") == []
+    assert any("roles" in p for p in i18n.markup_problems(msgid, "见 KV 缓存、[术语表](glossary.md) 与 `Trace()`。"))
+    assert any("link" in p for p in i18n.markup_problems(msgid, "见 {term}`KV cache`、术语表与 `Trace()`。"))
+    assert any("code" in p for p in i18n.markup_problems(msgid, "见 {term}`KV cache`、[术语表](glossary.md) 与 Trace()。"))
+    assert any("numbered" in p for p in i18n.markup_problems("1. token id", "1. 词元 id"))
+    assert i18n.markup_problems("1. token id", "1\\. 词元 id") == []
+
+
+def test_real_catalogs_keep_their_markup():
+    bad = []
+    for po in sorted(PO_DIR.rglob("*.po")):
+        with po.open("rb") as f:
+            for m in read_po(f):
+                if m.id and m.string and not m.fuzzy:
+                    bad += [f"{po.relative_to(PO_DIR)}: {p}: {m.id[:60]!r}" for p in i18n.markup_problems(m.id, m.string)]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("page, here, there, expected", [
+    ("book/intro", "", "zh", "../zh/book/intro.html"),
+    ("notebooks/00_token_flow", "zh", "", "../../notebooks/00_token_flow.html"),
+    ("search", "", "zh", "zh/search.html"),
+    ("genindex", "zh", "", "../genindex.html"),
+])
+def test_edition_url_reaches_the_same_page(page, here, there, expected):
+    url = ext.edition_url(page, here, there)
+    assert url == expected
+    site = Path("/site")
+    source = site / here / f"{page}.html"
+    assert (source.parent / url).resolve() == (site / there / f"{page}.html").resolve()
+
+
+# --- the Chinese edition, built -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def zh_html(tmp_path_factory) -> Path:
+    subprocess.run(["bash", str(SCRIPTS / "fetch_widget_js.sh")], cwd=ROOT, check=True, capture_output=True)
+    tmp = tmp_path_factory.mktemp("zh")
+    cmd = [sys.executable, str(SCRIPTS / "i18n.py"), "build", "--dest", str(tmp / "html" / "zh"),
+           "--staging", str(tmp / "staging")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+    return tmp / "html" / "zh"
+
+
+def _toc_pages() -> list[str]:
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    return [toc["root"]] + [c["file"] for part in toc["parts"] for c in part["chapters"]]
+
+
+def _editions() -> dict:
+    return yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["sphinx"]["config"]["tokenflow_editions"]
+
+
+def test_every_zh_page_switches_to_the_same_english_page(zh_html):
+    zh = _editions()["zh_CN"]
+    for page in _toc_pages():
+        text = (zh_html / f"{page}.html").read_text(encoding="utf-8")
+        assert '<html lang="zh-CN"' in text, page
+        assert f"<title>" in text and zh["html_title"] in text, f"{page}: no Chinese html_title"
+        assert f'placeholder="{zh["search_bar_text"]}"' in text, f"{page}: search placeholder"
+        links = re.findall(r'<a href="([^"]+)" hreflang="en"[^>]*tokenflow-language-switch', text)
+        assert links, f"{page}: no language switch"
+        target = (zh_html / page).parent / links[0]
+        # zh/ sits under the English site root: the link must land on <root>/<page>.html
+        assert target.resolve() == (zh_html.parent / f"{page}.html").resolve(), (page, links[0])
+
+
+def test_zh_search_index_finds_shoudu(zh_html):
+    text = (zh_html / "searchindex.js").read_text(encoding="utf-8")
+    index = json.loads(text[text.index("(") + 1: text.rindex(")")])
+    assert "首都" in index["terms"], "no Chinese words in the search index: is jieba installed?"
+    docs = index["terms"]["首都"]
+    docs = docs if isinstance(docs, list) else [docs]
+    assert "book/intro" in [index["docnames"][i] for i in docs]
+
+
+def test_zh_toc_captions_follow_the_catalog(zh_html):
+    with (PO_DIR / "book" / "intro.po").open("rb") as f:
+        catalog = read_po(f)
+    text = (zh_html / "book" / "preface.html").read_text(encoding="utf-8")
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    for part in toc["parts"]:
+        entry = catalog.get(part["caption"])
+        want = entry.string if entry is not None and entry.string and not entry.fuzzy else part["caption"]
+        assert re.search(rf'class="caption-text">{re.escape(want)}<', text), f"caption {part['caption']!r} -> {want!r}"
