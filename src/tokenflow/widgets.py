@@ -697,7 +697,7 @@ def serving_summary_table(counts: dict):
             ("blocks in use at the busiest step", c["peak_blocks"])]
     return Table(rows, ["", "count"], align="<>",
                  title=f"{c['batch_size']} requests x ({c['prompt_len']} prompt + "
-                       f"{c['output_len']} new tokens), {c['max_num_seqs']} seats, "
+                       f"{c['output_len']} new tokens), seats: {c['max_num_seqs']}, "
                        f"block size {c['block_size']}")
 
 
@@ -714,7 +714,7 @@ def serving_static(model, token_ids: list[int], requests=(4, 8, 16), max_num_seq
         lambda requests, seats, block: serving_summary_table(serving_counts(
             model, token_ids, requests, prompt_len, output_len, seats, block)),
         {"requests": list(requests), "seats": list(max_num_seqs), "block": list(block_size)},
-        default=default, title=f"serving {prompt_len}-token prompts, {output_len} new tokens each")
+        default=default, title=f"serving: {prompt_len}-token prompts + {output_len} new tokens")
 
 
 def roofline_table(summary: dict):
