@@ -158,3 +158,21 @@ def test_lens_bars_and_roofline_panel(capsys):
     eps = w.children[2].options
     assert eps[-1] == 256 and all(256 % e == 0 for e in eps)
     plt.close("all")
+
+
+def test_roofline_table_marks_the_bound_and_the_fit():
+    """roofline_table shows roofline_summary's three times and marks the largest; a one-node
+    DeepSeek-V3 (EP8, FP8 weights: 671B bytes / 8 GPUs > 80 GB) does not fit."""
+    from tokenflow.costmodel import reference_config
+    from tokenflow.plots import roofline_summary
+    from tokenflow.widgets import roofline_static, roofline_table
+    ds = reference_config("DeepSeek-V3")
+    s = roofline_summary(ds, "H800", "decode", 64, 4096, 32)
+    t = roofline_table(s)
+    times = {r[0]: r[1] for r in t.rows[:3]}
+    assert times["memory"] == pytest.approx(s["memory_s"] * 1e3)
+    assert [r[0] for r in t.rows[:3] if r[2]] == [max(times, key=times.get)]
+    assert "does not fit" in roofline_table(roofline_summary(ds, "H800", "decode", 1, 4096,
+                                                             8)).rows[-1][2]
+    ex = roofline_static(ds, hw_names=("H800",), batch=(1, 64), ep_size=(32,))
+    assert sorted(ex.fragments) == ["0-0-0", "0-1-0"]

@@ -211,3 +211,32 @@ def test_timeline_table_lists_every_request(model):
     assert len(timeline_table(rows, outs, seconds=True).splitlines()) == 3
     with pytest.raises(ValueError):
         timeline_table(rows, outs[:1])
+
+
+def test_serving_static_tables_count_by_hand(model):
+    """The kernel-less explorer's tables hold serving_counts' numbers: 4 requests of 8 + 4
+    tokens on 2 seats with blocks of 4 run in two waves of 1 prefill + 3 decode steps (8
+    steps), 3 blocks each with no slot left over, 6 blocks busy at once."""
+    from tokenflow.widgets import serving_static, serving_summary_table
+    ids = list(range(4, 40))
+    t = serving_summary_table(plots.serving_counts(model, ids, 4, 8, 4, 2, 4))
+    assert dict(t.rows)["engine steps"] == 8 and dict(t.rows)["steps with a prefill"] == 2
+    assert dict(t.rows)["slots per request (unused)"] == "12 (0)"
+    assert dict(t.rows)["blocks in use at the busiest step"] == 6
+    ex = serving_static(model, ids, requests=(2, 4), max_num_seqs=(2, 4), block_size=(4,),
+                        prompt_len=8, output_len=4)
+    assert len(ex.fragments) == 4
+    # 4 requests, 4 seats: one wave, 1 prefill + 3 decode steps
+    assert "<td style=\"text-align:right\">4</td>" in ex.fragments["1-1-0"]
+
+
+def test_timeline_view_has_the_rows_of_timeline_table(model):
+    from tokenflow.widgets import timeline_table, timeline_view
+    engine = LLMEngine(model, num_blocks=32, block_size=4, max_num_seqs=1)
+    outs, arr = run_with_arrivals(engine, _prompts(2, [5, 7]),
+                                  SamplingParams(3, ignore_eos=True), [0, 0])
+    rows = request_timeline(engine, arr, outs)
+    view = timeline_view(rows, outs)
+    text = timeline_table(rows, outs).splitlines()
+    assert [[str(c) for c in r] for r in view.rows] == [line.split() for line in text[1:]]
+    assert view.rows[1] == [1, 7, 3, 0, 3, 4, 5]      # waits 3 steps behind request 0

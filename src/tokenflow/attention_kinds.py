@@ -27,7 +27,7 @@ from . import costmodel
 from .config import ModelConfig
 
 __all__ = ["with_kv_heads", "gated_deltanet_state_elements", "CacheLayout", "hybrid_layout",
-           "example_layouts", "kv_per_token_table", "gated_delta_rule", "sparse_decode_reads"]
+           "example_layouts", "kv_per_token_rows", "kv_per_token_table", "gated_delta_rule", "sparse_decode_reads"]
 
 
 def _check_int(name: str, v, lo: int) -> None:
@@ -166,15 +166,20 @@ def example_layouts() -> list:
                             name="GDN+full  Qwen3-Next-80B-A3B")]
 
 
+def kv_per_token_rows(layouts: list, contexts: list, bytes_per_element: float = 2) -> list:
+    """One row per :class:`CacheLayout`: its name, then the average cache bytes per token
+    (:meth:`CacheLayout.bytes_per_token`, rounded down, an int) at each context length."""
+    return [[lay.name] + [int(lay.bytes_per_token(n, bytes_per_element)) for n in contexts]
+            for lay in layouts]
+
+
 def kv_per_token_table(layouts: list, contexts: list, bytes_per_element: float = 2) -> str:
-    """A text table, one row per :class:`CacheLayout`: average cache bytes per token
-    (:meth:`CacheLayout.bytes_per_token`, rounded down) at each context length."""
+    """:func:`kv_per_token_rows` as a text table (``tokenflow.widgets.kv_per_token_view``
+    gives the same rows as an HTML table)."""
     head = f"{'layout':<34}" + "".join(f"{f'{n:,} tok':>13}" for n in contexts)
-    rows = [head]
-    for lay in layouts:
-        rows.append(f"{lay.name:<34}" + "".join(
-            f"{int(lay.bytes_per_token(n, bytes_per_element)):>13,}" for n in contexts))
-    return "\n".join(rows)
+    return "\n".join([head] + [f"{row[0]:<34}" + "".join(f"{b:>13,}" for b in row[1:])
+                               for row in kv_per_token_rows(layouts, contexts,
+                                                            bytes_per_element)])
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,

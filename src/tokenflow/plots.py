@@ -874,7 +874,7 @@ def logit_lens_heatmap(lens, tokenizer, tokens: list[str], batch: int = 0, title
 _WAIT = "#c8c8c8"           # grey: a request waiting (queued, or not scheduled this step)
 __all__ += ["phase_times_plot", "decode_batch_plot", "arithmetic_intensity_plot",
             "serving_timeline", "batch_composition_plot", "batching_comparison_plot",
-            "serving_panel"]
+            "serving_counts", "serving_panel"]
 
 
 def _same_len(**lists) -> None:
@@ -1064,13 +1064,19 @@ def batching_comparison_plot(results: dict, title: str = ""):
     return fig
 
 
-def serving_panel(model, token_ids: list[int], batch_size: int = 8, prompt_len: int = 16,
-                  output_len: int = 16, max_num_seqs: int = 4, block_size: int = 16):
+def serving_counts(model, token_ids: list[int], batch_size: int = 8, prompt_len: int = 16,
+                   output_len: int = 16, max_num_seqs: int = 4, block_size: int = 16) -> dict:
     """Serve ``batch_size`` requests of ``prompt_len`` prompt tokens (consecutive slices of
     ``token_ids``, so no two share a prefix) and ``output_len`` generated tokens each, all
-    arriving at once, with :class:`tokenflow.serving.LLMEngine`; print the step and KV-block
-    counts and draw :func:`serving_timeline`. Counts only (no times), so the printed text is
-    the same on every machine.
+    arriving at once, with :class:`tokenflow.serving.LLMEngine`, and count what happened
+    (steps and KV blocks; no times, so the counts are the same on every machine).
+
+    Returns:
+        dict: ``steps``, ``prefill_steps``, ``mean_rows`` / ``max_rows`` (decode rows per
+        step with decode), ``blocks_per_request``, ``slots_per_request``, ``tokens_per_request``,
+        ``unused_slots`` (per request), ``pool_blocks``, ``peak_blocks`` (most in use at
+        once), ``timelines`` (:class:`tokenflow.serving.RequestTimeline` list) and the
+        arguments.
 
     Raises:
         ValueError: a setting outside its range (the message names it), or ``token_ids``
@@ -1098,16 +1104,37 @@ def serving_panel(model, token_ids: list[int], batch_size: int = 8, prompt_len: 
                                     [0] * batch_size)
     steps = engine.steps
     dec = [len(s.decode) for s in steps if s.decode]
-    peak = engine.block_manager.num_blocks - min(s.num_free_blocks for s in steps)
+    return dict(batch_size=batch_size, prompt_len=prompt_len, output_len=output_len,
+                max_num_seqs=max_num_seqs, block_size=block_size,
+                steps=len(steps), prefill_steps=sum(bool(s.prefill) for s in steps),
+                mean_rows=sum(dec) / max(len(dec), 1), max_rows=max(dec, default=0),
+                blocks_per_request=per_req, slots_per_request=per_req * block_size,
+                tokens_per_request=total, unused_slots=per_req * block_size - total,
+                pool_blocks=engine.block_manager.num_blocks,
+                peak_blocks=engine.block_manager.num_blocks
+                - min(s.num_free_blocks for s in steps),
+                timelines=request_timeline(engine, arrivals))
+
+
+def serving_panel(model, token_ids: list[int], batch_size: int = 8, prompt_len: int = 16,
+                  output_len: int = 16, max_num_seqs: int = 4, block_size: int = 16):
+    """Print the step and KV-block counts of :func:`serving_counts` (same arguments) and
+    draw :func:`serving_timeline`. Counts only (no times), so the printed text is the same
+    on every machine.
+
+    Raises:
+        ValueError: as :func:`serving_counts`.
+    """
+    c = serving_counts(model, token_ids, batch_size, prompt_len, output_len, max_num_seqs,
+                       block_size)
     print(f"{batch_size} requests x ({prompt_len} prompt + {output_len} new tokens), "
           f"max_num_seqs={max_num_seqs}, block_size={block_size}")
-    print(f"  steps: {len(steps)}, {sum(bool(s.prefill) for s in steps)} with prefill; "
-          f"decode rows per step: mean {sum(dec) / max(len(dec), 1):.2f}, max {max(dec, default=0)}")
-    print(f"  KV blocks per request: {per_req} ({per_req * block_size} slots for {total} "
-          f"tokens, {per_req * block_size - total} unused)")
-    print(f"  pool: {engine.block_manager.num_blocks} blocks, at most {peak} in use at once")
-    return serving_timeline(request_timeline(engine, arrivals),
-                            title=f"{batch_size} requests, {max_num_seqs} seats")
+    print(f"  steps: {c['steps']}, {c['prefill_steps']} with prefill; decode rows per step: "
+          f"mean {c['mean_rows']:.2f}, max {c['max_rows']}")
+    print(f"  KV blocks per request: {c['blocks_per_request']} ({c['slots_per_request']} "
+          f"slots for {c['tokens_per_request']} tokens, {c['unused_slots']} unused)")
+    print(f"  pool: {c['pool_blocks']} blocks, at most {c['peak_blocks']} in use at once")
+    return serving_timeline(c["timelines"], title=f"{batch_size} requests, {max_num_seqs} seats")
 
 
 # ---- chapter 8: further topics
@@ -1138,9 +1165,11 @@ def cache_per_sequence_plot(layouts, contexts, bytes_per_element: float = 2, tit
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     ax.set_title(title or "what one sequence keeps, by attention kind", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 # ---- chapter 7: the simulator's two lenses, and the roofline for a real deployment
-__all__ += ["lens_bars", "roofline_panel"]
+__all__ += ["lens_bars", "roofline_summary", "roofline_bars", "roofline_panel"]
 
 _LENS_COLOURS = {
     "request queue": "#9e9e9e", "prefill": COLORS["hidden"], "KV cache": "#8fb8ee",
@@ -1181,14 +1210,19 @@ def lens_bars(pipeline: dict, blocks: dict, title: str = ""):
     return fig
 
 
-def roofline_panel(config, hw_name: str = "H800", phase: str = "decode", batch: int = 64,
-                   context_len: int = 4096, ep_size: int = 32, dtype: str = "fp8",
-                   bytes_per_param: float = 1, kv_bytes_per_element: float = 2,
-                   max_nodes_per_token: int | None = 4):
+def roofline_summary(config, hw_name: str = "H800", phase: str = "decode", batch: int = 64,
+                     context_len: int = 4096, ep_size: int = 32, dtype: str = "fp8",
+                     bytes_per_param: float = 1, kv_bytes_per_element: float = 2,
+                     max_nodes_per_token: int | None = 4) -> dict:
     """Roofline of one step on one device (:func:`tokenflow.roofline.roofline`, tensor
-    parallel 1 as in DeepSeek's DP attention) for a hardware preset: print the three times,
-    the bound, tokens/s per device and the memory the step needs (weights + KV cache of the
-    batch, :mod:`tokenflow.costmodel`), and draw the three times as bars.
+    parallel 1 as in DeepSeek's DP attention) for a hardware preset, with the memory the step
+    needs: ``weights + KV`` bytes (:mod:`tokenflow.costmodel`: this device's weights and the
+    batch's KV cache).
+
+    Returns:
+        dict: the :func:`~tokenflow.roofline.roofline` result plus ``hw`` (the
+        :class:`~tokenflow.roofline.HardwareSpec`), ``memory_needed`` (bytes), ``fits``
+        (bool) and the arguments.
 
     Raises:
         ValueError: as :func:`~tokenflow.roofline.hardware` and
@@ -1201,13 +1235,15 @@ def roofline_panel(config, hw_name: str = "H800", phase: str = "decode", batch: 
                  kv_bytes_per_element, max_nodes_per_token)
     mem = weight_bytes_per_device(config, 1, ep_size, bytes_per_param)["total"] + \
         kv_cache_bytes(config, batch, context_len, kv_bytes_per_element)
-    print(f"{config.name} on {hw.name}, {phase}, batch {batch}, context {context_len:,}, "
-          f"EP{ep_size}, {dtype}")
-    print(f"  compute {r['compute_s'] * 1e3:.2f} ms, memory {r['memory_s'] * 1e3:.2f} ms, "
-          f"communication {r['comm_s'] * 1e3:.2f} ms -> {r['bound']}-bound")
-    print(f"  {r['tokens_per_s']:,.0f} tokens/s per device; weights + KV "
-          f"{mem / 1e9:.1f} GB of {hw.memory_bytes / 1e9:.0f} GB"
-          + ("" if mem <= hw.memory_bytes else "  (does not fit)"))
+    return dict(r, hw=hw, memory_needed=mem, fits=mem <= hw.memory_bytes, config=config,
+                phase=phase, batch=batch, context_len=context_len, ep_size=ep_size,
+                dtype=dtype)
+
+
+def roofline_bars(summary: dict):
+    """The three times of a :func:`roofline_summary` as horizontal bars, with the roofline
+    step time (the largest) dashed."""
+    r, hw = summary, summary["hw"]
     fig, ax = plt.subplots(figsize=(7.5, 2.2))
     names = ["compute", "memory", "communication"]
     vals = [r[k] * 1e3 for k in ("compute_s", "memory_s", "comm_s")]
@@ -1215,6 +1251,29 @@ def roofline_panel(config, hw_name: str = "H800", phase: str = "decode", batch: 
     ax.axvline(r["step_s"] * 1e3, color="black", lw=1, ls="--")
     ax.invert_yaxis()
     ax.set_xlabel("ms per step (dashed: the roofline step time, the largest)")
-    ax.set_title(f"{config.name}, {phase} on one {hw.name}", fontsize=10)
+    ax.set_title(f"{r['config'].name}, {r['phase']} on one {hw.name}", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def roofline_panel(config, hw_name: str = "H800", phase: str = "decode", batch: int = 64,
+                   context_len: int = 4096, ep_size: int = 32, dtype: str = "fp8",
+                   bytes_per_param: float = 1, kv_bytes_per_element: float = 2,
+                   max_nodes_per_token: int | None = 4):
+    """Print :func:`roofline_summary` (same arguments: the three times, the bound, tokens/s
+    per device and the memory the step needs) and draw :func:`roofline_bars`.
+
+    Raises:
+        ValueError: as :func:`roofline_summary`.
+    """
+    r = roofline_summary(config, hw_name, phase, batch, context_len, ep_size, dtype,
+                         bytes_per_param, kv_bytes_per_element, max_nodes_per_token)
+    hw, mem = r["hw"], r["memory_needed"]
+    print(f"{config.name} on {hw.name}, {phase}, batch {batch}, context {context_len:,}, "
+          f"EP{ep_size}, {dtype}")
+    print(f"  compute {r['compute_s'] * 1e3:.2f} ms, memory {r['memory_s'] * 1e3:.2f} ms, "
+          f"communication {r['comm_s'] * 1e3:.2f} ms -> {r['bound']}-bound")
+    print(f"  {r['tokens_per_s']:,.0f} tokens/s per device; weights + KV "
+          f"{mem / 1e9:.1f} GB of {hw.memory_bytes / 1e9:.0f} GB"
+          + ("" if r["fits"] else "  (does not fit)"))
+    return roofline_bars(r)

@@ -461,7 +461,26 @@ def serving_explorer(model, token_ids: list[int]):
                                     description="block size"))
 
 
-__all__ += ["timeline_table"]
+__all__ += ["timeline_table", "timeline_view"]
+
+
+def _timeline_rows(timelines, outputs, seconds: bool):
+    """Headers and rows shared by :func:`timeline_table` and :func:`timeline_view`."""
+    out = {o.request_id: o for o in outputs}
+    if {r.request_id for r in timelines} - set(out):
+        raise ValueError("timelines and outputs must describe the same requests")
+    ms = lambda v: None if v is None else v * 1e3                      # noqa: E731
+    if seconds:
+        headers = ["id", "prompt", "new", "TTFT ms", "TPOT ms", "e2e ms"]
+    else:
+        headers = ["id", "prompt", "new", "arrives", "waits", "TTFT steps", "done at"]
+    rows = []
+    for r in timelines:
+        o = out[r.request_id]
+        head = [r.request_id, len(o.prompt_token_ids), len(o.output_token_ids)]
+        rows.append(head + ([ms(o.ttft), ms(o.tpot), ms(o.e2e_latency)] if seconds else
+                            [r.arrival, r.count("wait"), r.ttft_steps, r.finish_step]))
+    return headers, rows
 
 
 def timeline_table(timelines, outputs, seconds: bool = False) -> str:
@@ -469,30 +488,30 @@ def timeline_table(timelines, outputs, seconds: bool = False) -> str:
     step counts from its :class:`tokenflow.serving.RequestTimeline` (arrival step, steps
     waiting, time to first token in steps, last step), or, with ``seconds=True``, the
     measured TTFT, TPOT and end-to-end latency of its ``RequestOutput`` in ms (these vary
-    from run to run).
+    from run to run). Plain text; :func:`timeline_view` gives the same rows as a table.
 
     Raises:
         ValueError: if the two lists do not hold the same request ids.
     """
-    out = {o.request_id: o for o in outputs}
-    if {r.request_id for r in timelines} - set(out):
-        raise ValueError("timelines and outputs must describe the same requests")
-    if seconds:
-        lines = [f"{'id':>3} {'prompt':>6} {'new':>4} {'TTFT ms':>8} {'TPOT ms':>8} "
-                 f"{'e2e ms':>8}"]
-        ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"   # noqa: E731
-    else:
-        lines = [f"{'id':>3} {'prompt':>6} {'new':>4} {'arrives':>7} {'waits':>5} "
-                 f"{'TTFT steps':>10} {'done at':>7}"]
-    for r in timelines:
-        o = out[r.request_id]
-        head = f"{str(r.request_id):>3} {len(o.prompt_token_ids):>6} {len(o.output_token_ids):>4}"
-        if seconds:
-            lines.append(f"{head} {ms(o.ttft):>8} {ms(o.tpot):>8} {ms(o.e2e_latency):>8}")
-        else:
-            lines.append(f"{head} {r.arrival:>7} {r.count('wait'):>5} {r.ttft_steps:>10} "
-                         f"{r.finish_step:>7}")
-    return "\n".join(lines)
+    headers, rows = _timeline_rows(timelines, outputs, seconds)
+    widths = [max(len(h), 4) if i else 3 for i, h in enumerate(headers)]
+    cell = lambda v: "-" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)  # noqa
+    return "\n".join(" ".join(f"{cell(v):>{w}}" for v, w in zip(r, widths))
+                     for r in [headers] + rows)
+
+
+def timeline_view(timelines, outputs, seconds: bool = False):
+    """:func:`timeline_table`'s rows as a :class:`tokenflow.viz.Table` (HTML in the book),
+    times in ms with 1 decimal.
+
+    Raises:
+        ValueError: if the two lists do not hold the same request ids.
+    """
+    from .viz import Table
+    headers, rows = _timeline_rows(timelines, outputs, seconds)
+    title = ("measured per request (ms; they change from run to run)" if seconds else
+             "per request, in engine steps (the same on every machine)")
+    return Table(rows, headers, digits=1, title=title)
 
 
 __all__ += ["roofline_explorer"]
@@ -767,3 +786,87 @@ def decode_trace_static(config, batch_size=(1, 2, 4, 8), seq_len=(1, 8, 32),
         title="trace of a random-weight model, blocks 0 and 1",
         default={"batch B": batch_size[0], "seq len S": seq_len[min(1, len(seq_len) - 1)],
                  "experts E": num_experts[min(1, len(num_experts) - 1)]})
+
+
+# --------------------------------------------------------------------- F8: chapters 05, 07, 08
+__all__ += ["serving_summary_table", "serving_static", "roofline_table", "roofline_static",
+            "kv_per_token_view"]
+
+
+def serving_summary_table(counts: dict):
+    """The counts of :func:`tokenflow.plots.serving_counts` as a two-column
+    :class:`tokenflow.viz.Table` (what a served batch took: steps, decode rows, KV blocks)."""
+    from .viz import Table
+    c = counts
+    rows = [("engine steps", c["steps"]), ("steps with a prefill", c["prefill_steps"]),
+            ("decode rows per step, mean", round(c["mean_rows"], 2)),
+            ("decode rows per step, max", c["max_rows"]),
+            ("KV blocks per request", c["blocks_per_request"]),
+            ("slots per request (unused)", f"{c['slots_per_request']} ({c['unused_slots']})"),
+            ("blocks in the pool", c["pool_blocks"]),
+            ("blocks in use at the busiest step", c["peak_blocks"])]
+    return Table(rows, ["", "count"], align="<>",
+                 title=f"{c['batch_size']} requests x ({c['prompt_len']} prompt + "
+                       f"{c['output_len']} new tokens), seats: {c['max_num_seqs']}, "
+                       f"block size {c['block_size']}")
+
+
+def serving_static(model, token_ids: list[int], requests=(4, 8, 16), max_num_seqs=(1, 2, 4, 8),
+                   block_size=(4, 16), prompt_len: int = 16, output_len: int = 16,
+                   default: dict | None = None):
+    """Kernel-less explorer of :func:`serving_summary_table` over the number of requests
+    (arriving together), the seats (``max_num_seqs``) and the KV block size, for fixed
+    prompt and output lengths (:func:`tokenflow.viz.precomputed_explorer`; tables, not
+    figures, to keep the page small). Raises as :func:`tokenflow.plots.serving_counts`."""
+    from .plots import serving_counts
+    from .viz import precomputed_explorer
+    return precomputed_explorer(
+        lambda requests, seats, block: serving_summary_table(serving_counts(
+            model, token_ids, requests, prompt_len, output_len, seats, block)),
+        {"requests": list(requests), "seats": list(max_num_seqs), "block": list(block_size)},
+        default=default, title=f"serving: {prompt_len}-token prompts + {output_len} new tokens")
+
+
+def roofline_table(summary: dict):
+    """A :func:`tokenflow.plots.roofline_summary` as a :class:`tokenflow.viz.Table`: the three
+    times (ms), which bounds the step, tokens/s per device, and the memory it needs."""
+    from .viz import Table
+    r = summary
+    gb = r["memory_needed"] / 1e9
+    rows = [("compute", r["compute_s"] * 1e3), ("memory", r["memory_s"] * 1e3),
+            ("communication", r["comm_s"] * 1e3)]
+    rows = [(n, ms, "<- bound" if n.startswith(r["bound"]) else "") for n, ms in rows]
+    rows += [("tokens/s per device", round(r["tokens_per_s"]), ""),
+             ("weights + KV (GB)", round(gb, 1),
+              f"of {r['hw'].memory_bytes / 1e9:.0f}" + ("" if r["fits"] else ": does not fit"))]
+    return Table(rows, ["", "ms per step", ""], align="<><", digits=2,
+                 title=f"{r['config'].name} on {r['hw'].name}, {r['phase']}, batch "
+                       f"{r['batch']}, context {r['context_len']:,}, EP{r['ep_size']}, "
+                       f"{r['dtype']}")
+
+
+def roofline_static(config, hw_names=("H800", "H200"), batch=(1, 8, 64, 256),
+                    ep_size=(8, 32, 256), context_len: int = 4096, phase: str = "decode",
+                    default: dict | None = None, **kw):
+    """Kernel-less explorer of :func:`roofline_table` over hardware presets, batch per device
+    and expert-parallel size, at one context length and phase (``kw``: the other arguments
+    of :func:`tokenflow.plots.roofline_summary`). Raises as ``roofline_summary``."""
+    from .plots import roofline_summary
+    from .viz import precomputed_explorer
+    return precomputed_explorer(
+        lambda hardware, batch, EP: roofline_table(roofline_summary(
+            config, hardware, phase, batch, context_len, EP, **kw)),
+        {"hardware": list(hw_names), "batch": list(batch), "EP": list(ep_size)},
+        default=default, title=f"{config.name}, {phase}, context {context_len:,}: one step "
+                               f"on one GPU")
+
+
+def kv_per_token_view(layouts: list, contexts: list, bytes_per_element: float = 2):
+    """:func:`tokenflow.attention_kinds.kv_per_token_rows` as a :class:`tokenflow.viz.Table`:
+    one row per cache layout, average bytes per token of one sequence at each context."""
+    from .attention_kinds import kv_per_token_rows
+    from .viz import Table
+    return Table(kv_per_token_rows(layouts, contexts, bytes_per_element),
+                 ["layout"] + [f"{n:,} tok" for n in contexts],
+                 title=f"average cache bytes per token of one sequence "
+                       f"({bytes_per_element:g} bytes per element; * = what-if variant)")
