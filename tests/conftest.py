@@ -96,3 +96,33 @@ def book_html_dir(tmp_path_factory, worker_id):
     html = out / "_build" / "html"
     assert html.is_dir(), f"no HTML output in {out}"
     return html
+
+
+@pytest.fixture(scope="session")
+def zh_html_dir(book_html_dir, tmp_path_factory, worker_id):
+    """The Chinese edition built strictly (``scripts/i18n.py build``) into ``zh/`` of the
+    English build, as ``make book`` lays them out (so the language switch links resolve), ONCE
+    per test run: workers share it through a file lock, as :func:`book_html_dir`. With
+    $TOKENFLOW_BOOK_HTML set, its ``zh/`` folder is used (built by ``make book``)."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    if os.environ.get("TOKENFLOW_BOOK_HTML"):
+        return Path(os.environ["TOKENFLOW_BOOK_HTML"]).resolve() / "zh"
+    root = Path(__file__).resolve().parents[1]
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent
+    dest, done = book_html_dir / "zh", shared / "zh.done"
+    with open(shared / "zh.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            cmd = [sys.executable, str(root / "scripts" / "i18n.py"), "build", "--dest",
+                   str(dest), "--staging", str(shared / "zh-staging")]
+            proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+            assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+            done.touch()
+    assert (dest / "index.html").exists() or any(dest.rglob("*.html")), f"no zh HTML in {dest}"
+    return dest
+

@@ -54,16 +54,22 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
-def server(book_html_dir):
-    """``http://127.0.0.1:<port>/`` serving the built book (port picked by the OS)."""
-    handler = functools.partial(_Quiet, directory=str(book_html_dir))
+def serve(directory):
+    """Serve ``directory`` on ``http://127.0.0.1:<port>/`` (port picked by the OS) in a
+    thread; yields the base URL, then stops the server."""
+    handler = functools.partial(_Quiet, directory=str(directory))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}/"
     httpd.shutdown()
     httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def server(book_html_dir):
+    """The built book on 127.0.0.1 (:func:`serve`)."""
+    yield from serve(book_html_dir)
 
 
 @pytest.fixture(scope="module")

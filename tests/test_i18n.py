@@ -186,14 +186,9 @@ def test_edition_url_reaches_the_same_page(page, here, there, expected):
 
 # --- the Chinese edition, built -------------------------------------------------------------
 @pytest.fixture(scope="module")
-def zh_html(tmp_path_factory) -> Path:
-    subprocess.run(["bash", str(SCRIPTS / "fetch_widget_js.sh")], cwd=ROOT, check=True, capture_output=True)
-    tmp = tmp_path_factory.mktemp("zh")
-    cmd = [sys.executable, str(SCRIPTS / "i18n.py"), "build", "--dest", str(tmp / "html" / "zh"),
-           "--staging", str(tmp / "staging")]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
-    return tmp / "html" / "zh"
+def zh_html(zh_html_dir) -> Path:
+    """The Chinese edition, built once per test run (conftest.py ``zh_html_dir``)."""
+    return zh_html_dir
 
 
 def _toc_pages() -> list[str]:
