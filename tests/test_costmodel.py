@@ -307,3 +307,19 @@ def test_active_params_without_embedding_keep_a_tied_lm_head():
     H, V = untied.hidden_size, untied.vocab_size
     assert active_param_count(untied, True) - active_param_count(untied, False) == V * H
     assert active_param_count(tied, False) == active_param_count(tied, True)
+
+
+# ---- found by planting bugs (review of F9)
+def test_forward_bytes_with_ep_counts_the_whole_ep_groups_tokens():
+    """ep_size=4, tp_size=1, one token per device: the device's E/4 experts serve the 4 tokens
+    of the EP group, so each is untouched with probability (1 - K/E)**4 (hand formula)."""
+    from tokenflow import preset
+    cfg = preset("tiny")
+    E, K, H, ep = cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size, 4
+    moe_layers = sum(cfg.layer_is_moe(i) for i in range(cfg.num_hidden_layers))
+    routed = moe_layers * E * 3 * H * cfg.moe_intermediate_size
+    kv1 = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
+    device_weights = param_count(cfg) - cfg.vocab_size * H - routed * (ep - 1) / ep
+    untouched = (routed / ep) * (1 - K / E) ** ep
+    expected = device_weights - untouched + H + kv1
+    assert forward_bytes(cfg, 1, 0, 1, 1, ep_size=ep) == pytest.approx(expected, rel=1e-12)

@@ -235,3 +235,19 @@ def test_zh_toc_captions_follow_the_catalog(zh_html):
         entry = catalog.get(part["caption"])
         want = entry.string if entry is not None and entry.string and not entry.fuzzy else part["caption"]
         assert re.search(rf'class="caption-text">{re.escape(want)}<', text), f"caption {part['caption']!r} -> {want!r}"
+
+
+# ---- found by planting bugs (review of F12)
+def test_compare_reports_an_obsolete_entry_as_orphaned(tmp_path):
+    """A catalog whose only message is translated but which still carries one obsolete
+    ``#~`` entry: 1/1 translated, and exactly one problem, the obsolete entry, named."""
+    pot, po = tmp_path / "page.pot", tmp_path / "page.po"
+    pot.write_text('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
+                   'msgid "The capital"\nmsgstr ""\n', encoding="utf-8")
+    po.write_text('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
+                  'msgid "The capital"\nmsgstr "首都"\n\n'
+                  '#~ msgid "An old sentence"\n#~ msgstr "旧句子"\n', encoding="utf-8")
+    report = i18n.compare(pot, po, "page")
+    assert (report.total, report.translated) == (1, 1)
+    assert len(report.problems) == 1
+    assert "orphaned" in report.problems[0] and "An old sentence" in report.problems[0]

@@ -317,10 +317,13 @@ def test_block_manager_settings():
 
 
 # ------------------------------------------------------------------- scheduler
-def _drive(sched, token=7, max_steps=500):
-    """Run the scheduler with a fake runner that samples ``token`` every time."""
+def _drive(sched, token=7, max_steps=500, before_step=None):
+    """Run the scheduler with a fake runner that samples ``token`` every time;
+    ``before_step(i)`` runs before step ``i`` (e.g. to add a late request)."""
     plans = []
     while sched.has_unfinished() and len(plans) < max_steps:
+        if before_step:
+            before_step(len(plans))
         plan = sched.schedule()
         plans.append([(c.request.request_id, c.start, c.num_tokens) for c in plan.chunks] +
                      [("preempted", r.request_id) for r in plan.preempted])
@@ -418,3 +421,40 @@ def test_storage_decode_group_matches_own_caches(model):
     fresh = KVCache(model.config, 1, 24)
     want = prefill(model, torch.tensor([reqs[1].token_ids]), fresh)[0]
     assert torch.allclose(got[1], want, atol=1e-5)
+
+
+# ---- found by planting bugs (review of F5): neighbours the suite missed
+def test_same_block_after_a_different_prefix_does_not_take_over_the_key():
+    """a = [1..8], c = [0,2..8]: c's block 2 has a's tokens but follows another block 1, so
+    its K/V differ. d = a's prompt + more must get a's two blocks, never c's block 2."""
+    bm = BlockManager(10, BLOCK)
+    a = _req("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    bm.allocate(a)
+    _computed(bm, a)
+    c = _req("c", [0, 2, 3, 4, 5, 6, 7, 8, 9])
+    bm.allocate(c)
+    _computed(bm, c)
+    d = _req("d", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    bm.allocate(d)
+    assert d.num_cached_tokens == 8
+    assert d.block_table[:2] == a.block_table[:2]
+
+
+def test_last_budget_token_admits_a_one_token_chunk():
+    """Budget 4: a's 3-token prompt leaves 1 token, which starts b's prefill (chunked
+    prefill fills the budget, as vLLM's scheduler does)."""
+    sched = Scheduler(BlockManager(20, BLOCK), max_num_seqs=4, max_num_batched_tokens=4)
+    sched.add(_sreq("a", 3, 2))
+    sched.add(_sreq("b", 5, 2))
+    plans = _drive(sched)
+    assert plans[0] == [("a", 0, 3), ("b", 0, 1)]
+
+
+def test_static_batching_waits_for_the_running_batch_even_with_free_seats():
+    """a (3 + 4 tokens) runs alone; b arrives after step 0 with a free seat. Static batching
+    admits b only once a is done: a decodes at steps 1-3 (tokens 3, 4, 5), b starts at step 4."""
+    sched = Scheduler(BlockManager(20, BLOCK), max_num_seqs=4, max_num_batched_tokens=16,
+                      static_batching=True)
+    sched.add(_sreq("a", 3, 4))
+    plans = _drive(sched, before_step=lambda i: i == 1 and sched.add(_sreq("b", 3, 1)))
+    assert plans == [[("a", 0, 3)], [("a", 3, 1)], [("a", 4, 1)], [("a", 5, 1)], [("b", 0, 3)]]
