@@ -6,7 +6,7 @@ image loaded, no code or output box wider than its content without a scrollbar, 
 by MathJax where the page has math, the sidebar lists every chapter, and each kernel-less
 explorer (tokenflow.viz.precomputed_explorer) shows a different output when its controls move.
 A full-page screenshot per page at 1280 px and (the same page reflowed) at 390 px goes to
-``_build/screenshots/`` as JPEG.
+``_build/screenshots/`` as JPEG; at 390 px no page may scroll sideways either.
 
 The book is built once per test run (the ``book_html_dir`` fixture in conftest.py, shared with
 tests/test_book.py). Chromium: /usr/bin/chromium, or $TOKENFLOW_CHROMIUM; the Makefile installs
@@ -132,7 +132,8 @@ CHECKS_JS = """(boxes) => {
   };
 }"""
 
-# Move every control of every explorer to its last value, one at a time; after each move
+# Move every control of every explorer (to its last value, or its first when it is already
+# at the last), one at a time; after each move
 # exactly one output must be visible and it must differ from the one shown before.
 EXPLORE_JS = """() => {
   const visible = x => [...x.querySelectorAll('.tf-out')].filter(o => o.style.display !== 'none');
@@ -141,8 +142,8 @@ EXPLORE_JS = """() => {
     for (const c of x.querySelectorAll('[data-tf-ctl]')) {
       const before = visible(x).map(o => o.getAttribute('data-key'));
       const last = String((c.tagName === 'SELECT' ? c.options.length : (+c.max + 1)) - 1);
-      if (c.value === last) { continue; }
-      c.value = last;
+      // to the last value, or to the first when the control already shows the last one
+      c.value = c.value === last ? '0' : last;
       c.dispatchEvent(new Event('input', {bubbles: true}));
       const after = visible(x);
       moves.push({before: before, after: after.map(o => o.getAttribute('data-key')),
@@ -177,6 +178,8 @@ def check_page(browser, base: str, path: str) -> dict:
     problems += [f"clipped: {c}" for c in r["clipped"]] + _explore_ok(moves)
     if r["page_overflow"] > 1:
         problems.append(f"page scrolls sideways by {r['page_overflow']} px at 1280 px")
+    if phone_overflow > 1:
+        problems.append(f"page scrolls sideways by {phone_overflow} px at 390 px")
     if r["math_sources"] and (r["equations"] < r["math_sources"] or r["math_errors"]):
         problems.append(f"math: {r['math_sources']} sources, {r['equations']} typeset, "
                         f"{r['math_errors']} errors")
