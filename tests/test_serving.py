@@ -243,7 +243,10 @@ def test_block_manager_shares_prefix_with_ref_counts():
 
 
 def test_prefix_hash_is_chained():
-    """Block 2 of ``c`` equals block 2 of ``a`` but follows a different block 1: no hit."""
+    """Block 2 of ``c`` equals block 2 of ``a`` but follows a different block 1: no hit. Once
+    ``c`` is computed too, its block 2 must not take over ``a``'s key: ``d`` = ``a``'s prompt
+    + more gets ``a``'s two blocks (a key without the previous block's key would hand out
+    ``c``'s block 2, whose K/V differ)."""
     bm = BlockManager(10, BLOCK)
     a = _req("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
     bm.allocate(a)
@@ -251,6 +254,11 @@ def test_prefix_hash_is_chained():
     c = _req("c", [0, 2, 3, 4, 5, 6, 7, 8, 9])
     bm.allocate(c)
     assert c.num_cached_tokens == 0 and not set(c.block_table) & set(a.block_table)
+    _computed(bm, c)
+    d = _req("d", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    bm.allocate(d)
+    assert d.num_cached_tokens == 8
+    assert d.block_table[:2] == a.block_table[:2]
 
 
 def test_hash_collision_is_guarded_by_token_comparison():
@@ -424,22 +432,6 @@ def test_storage_decode_group_matches_own_caches(model):
 
 
 # ---- found by planting bugs (review of F5): neighbours the suite missed
-def test_same_block_after_a_different_prefix_does_not_take_over_the_key():
-    """a = [1..8], c = [0,2..8]: c's block 2 has a's tokens but follows another block 1, so
-    its K/V differ. d = a's prompt + more must get a's two blocks, never c's block 2."""
-    bm = BlockManager(10, BLOCK)
-    a = _req("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
-    bm.allocate(a)
-    _computed(bm, a)
-    c = _req("c", [0, 2, 3, 4, 5, 6, 7, 8, 9])
-    bm.allocate(c)
-    _computed(bm, c)
-    d = _req("d", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
-    bm.allocate(d)
-    assert d.num_cached_tokens == 8
-    assert d.block_table[:2] == a.block_table[:2]
-
-
 def test_last_budget_token_admits_a_one_token_chunk():
     """Budget 4: a's 3-token prompt leaves 1 token, which starts b's prefill (chunked
     prefill fills the budget, as vLLM's scheduler does)."""
