@@ -154,12 +154,17 @@ def active_param_count(config: ModelConfig, include_embedding: bool = True,
     return active_param_breakdown(config, include_embedding, include_lm_head)["total"]
 
 
+def _mla_entry_elements(kv_lora_rank: int, qk_rope_head_dim: int) -> int:
+    """Numbers MLA caches per token and layer: the latent plus the shared RoPE key."""
+    return kv_lora_rank + qk_rope_head_dim
+
+
 def _kv_layer_bytes(c: ModelConfig, bytes_per_element: float, tp_size: int = 1) -> float:
     """Bytes one token adds to one layer's cache on one of ``tp_size`` devices: K and V of
     ``num_key_value_heads / tp_size`` heads (at least one head: replicated when
     ``tp_size > num_key_value_heads``), or MLA's latent + RoPE key (replicated)."""
     if c.is_mla:
-        return (c.kv_lora_rank + c.qk_rope_head_dim) * bytes_per_element
+        return _mla_entry_elements(c.kv_lora_rank, c.qk_rope_head_dim) * bytes_per_element
     nkv = c.num_key_value_heads
     if nkv % tp_size and tp_size % nkv:
         raise ValueError(f"tp_size ({tp_size}) must divide num_key_value_heads ({nkv}) or be "
@@ -271,8 +276,10 @@ def max_batch_size(config: ModelConfig, context_len: int, device_memory_bytes: f
 
 def mla_kv_cache_bytes_per_token(num_hidden_layers: int, kv_lora_rank: int,
                                  qk_rope_head_dim: int, bytes_per_element: float = 2) -> int:
-    """MLA cache bytes per token: ``layers * (kv_lora_rank + qk_rope_head_dim) * bytes``
-    (DeepSeek-V2 report, arXiv:2405.04434, Table 1: ``(d_c + d_h^R) * l`` elements).
+    """MLA cache bytes per token from the raw sizes: ``layers * (kv_lora_rank +
+    qk_rope_head_dim) * bytes`` (DeepSeek-V2 report, arXiv:2405.04434, Table 1: ``(d_c + d_h^R)
+    * l`` elements); the same per-layer count as :func:`kv_cache_bytes_per_token` uses for an
+    MLA config (one helper), for sizes that are not a whole config (chapter 02).
 
     Raises:
         ValueError: if any size is < 1 or ``bytes_per_element <= 0``.
@@ -282,7 +289,8 @@ def mla_kv_cache_bytes_per_token(num_hidden_layers: int, kv_lora_rank: int,
                     ("qk_rope_head_dim", qk_rope_head_dim)):
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
-    return int(num_hidden_layers * (kv_lora_rank + qk_rope_head_dim) * bytes_per_element)
+    return int(num_hidden_layers * _mla_entry_elements(kv_lora_rank, qk_rope_head_dim)
+               * bytes_per_element)
 
 
 def mla_decode_attention_costs(config: ModelConfig, context_len: int,
