@@ -20,6 +20,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
+from .fused import PackedWeights, packed_rows
 from .kv_cache import CacheStep, attention_mask_for
 from .rope import RotaryEmbedding, apply_rope
 
@@ -43,7 +44,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                                           scale=scale)
 
 
-class Attention(nn.Module):
+class Attention(PackedWeights, nn.Module):
     """Grouped-query self-attention of one decoder block.
 
     Args:
@@ -63,6 +64,19 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(H, self.n_kv * D, bias=False)
         self.v_proj = nn.Linear(H, self.n_kv * D, bias=False)
         self.o_proj = nn.Linear(self.n_heads * D, H, bias=False)
+        packed_rows(self, "qkv", (self.q_proj.weight, self.k_proj.weight,  # one copy, packed
+                                  self.v_proj.weight))                   # (tokenflow.fused)
+
+    def qkv_weight(self) -> torch.Tensor:
+        """The Q, K and V projections as one ``[(nh + 2*nkv)*D, H]`` matrix (rows of
+        ``q_proj``, then ``k_proj``, then ``v_proj``), so that one matrix product computes all
+        three. Without gradients it is :func:`tokenflow.fused.packed_rows` (one copy of the
+        weights, no copy per call); with gradients on (training) a ``torch.cat`` of the three,
+        through which gradients reach each projection."""
+        ws = (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
+        if torch.is_grad_enabled():
+            return torch.cat(ws)
+        return packed_rows(self, "qkv", ws)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 step: CacheStep, kv_cache=None, trace=None) -> torch.Tensor:
@@ -82,13 +96,12 @@ class Attention(nn.Module):
             ``[B,S,H]``: the attention output (to be added to the residual stream).
         """
         B, S, _ = x.shape
-        D = self.head_dim
-        q, k = self.q_proj(x), self.k_proj(x)                            # [B,S,nh*D], [B,S,nkv*D]
-        v = self.v_proj(x).view(B, S, self.n_kv, D).transpose(1, 2)      # [B, nkv, S, D]
+        D, nh, nkv = self.head_dim, self.n_heads, self.n_kv
+        qkv = F.linear(x, self.qkv_weight())                          # [B, S, (nh+2*nkv)*D]
+        qkv = qkv.view(B, S, nh + 2 * nkv, D).transpose(1, 2)         # [B, nh+2*nkv, S, D]
         # Q and K heads side by side, so that one RoPE call rotates both (fewer ops per step).
-        qk = torch.cat([q, k], dim=-1).view(B, S, self.n_heads + self.n_kv, D).transpose(1, 2)
-        qk = apply_rope(qk, cos, sin)                                    # [B, nh+nkv, S, D]
-        q, k = qk[:, :self.n_heads], qk[:, self.n_heads:]                # [B,nh,S,D], [B,nkv,S,D]
+        qk = apply_rope(qkv[:, :nh + nkv], cos, sin)                  # [B, nh+nkv, S, D]
+        q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv:]           # [B,nh,S,D], [B,nkv,S,D] x2
         where, mask, start = f"layer {self.layer_idx} attention", step.mask, step.start
         if kv_cache is not None:
             k_all, v_all = kv_cache.update(self.layer_idx, step, k, v)   # [B, nkv, L, D]

@@ -10,10 +10,12 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from .fused import PackedWeights, packed_rows
+
 __all__ = ["FFN"]
 
 
-class FFN(nn.Module):
+class FFN(PackedWeights, nn.Module):
     """SwiGLU feed-forward ``[..., H] -> [..., H]``.
 
     Args:
@@ -32,7 +34,19 @@ class FFN(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)  # [I, H]
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)    # [I, H]
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)  # [H, I]
+        self.gate_up_weight()              # one copy of gate/up weights, packed (fused.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., H] -> [..., H]``."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if torch.is_grad_enabled():
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        # Inference: gate and up as one [2I, H] product (tokenflow.fused; same values).
+        gate_up = F.linear(x, self.gate_up_weight())                     # [..., 2I]
+        gate, up = gate_up.chunk(2, dim=-1)                              # [..., I] each
+        return self.down_proj(F.silu(gate) * up)
+
+    def gate_up_weight(self) -> torch.Tensor:
+        """``gate_proj`` and ``up_proj`` as one ``[2I, H]`` matrix (gate rows first, HF's
+        ``gate_up_proj`` layout): :func:`tokenflow.fused.packed_rows`, one copy of the
+        weights. Inference only (no gradient reaches the projections through it)."""
+        return packed_rows(self, "gate_up", (self.gate_proj.weight, self.up_proj.weight))

@@ -50,6 +50,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .ffn import FFN
+from .fused import PackedWeights, packed_rows
 
 __all__ = ["Router", "MoE", "route", "route_reference", "check_top_k", "Dispatch", "dispatch",
            "run_experts", "combine", "moe_reference_loop", "expert_capacity", "load_stats",
@@ -361,7 +362,7 @@ def combine(expert_out: torch.Tensor, d: Dispatch) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- the module
-class MoE(nn.Module):
+class MoE(PackedWeights, nn.Module):
     """Sparse feed-forward ``[B,S,H] -> [B,S,H]``: router, ``E`` routed SwiGLU experts of
     width ``moe_intermediate_size``, and ``num_shared_experts`` shared experts (fused into
     one SwiGLU of width ``num_shared_experts * moe_intermediate_size``, as DeepSeek does).
@@ -389,38 +390,31 @@ class MoE(nn.Module):
         self.shared_experts = (FFN(config.hidden_size,
                                    config.moe_intermediate_size * config.num_shared_experts)
                                if config.num_shared_experts > 0 else None)
-        self._stacked, self._stacked_ptrs = None, None
-        self.stacked_weights()
+        self.stacked_weights()             # one copy of the expert weights, stacked
 
     # ------------------------------------------------------------- stacked expert weights
-    def _expert_weights(self) -> list[torch.Tensor]:
-        return [w for f in self.experts
-                for w in (f.gate_proj.weight, f.up_proj.weight, f.down_proj.weight)]
-
-    @torch.no_grad()
     def stacked_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The routed experts' weights in HF's layout (``Qwen2MoeExperts``, ``MixtralExperts``):
         ``gate_up [E, 2I, H]`` (expert ``e``'s ``gate_proj`` rows, then its ``up_proj`` rows)
         and ``down [E, H, I]``.
 
-        One copy of the weights: stacking moves them into these two tensors and makes each
-        ``experts[e].gate_proj.weight`` (and up, down) a view of its slice, so in-place
-        updates (``load_state_dict``, an optimiser step) show in both. If a weight was replaced
-        since (``.to(dtype)``, ``load_state_dict(assign=True)``, a new expert module), this call
-        notices (the views' data pointers changed) and stacks again.
+        One copy of the weights (:func:`tokenflow.fused.packed_rows`): stacking moves them
+        into these two tensors and makes each ``experts[e].gate_proj.weight`` (and up, down) a
+        view of its slice, so in-place updates (``load_state_dict``, an optimiser step) show
+        in both. If a weight was replaced since (``.to(dtype)``,
+        ``load_state_dict(assign=True)``, a new expert module), this call notices (the views'
+        data pointers changed) and stacks again.
         """
-        weights = self._expert_weights()
-        if [w.data_ptr() for w in weights] != self._stacked_ptrs:
-            I = self.experts[0].gate_proj.weight.shape[0]
-            gate_up = torch.stack([torch.cat(weights[i:i + 2]) for i in range(0, len(weights), 3)])
-            down = torch.stack(weights[2::3])                              # [E, H, I]
-            for e, f in enumerate(self.experts):                           # gate_up [E, 2I, H]
-                f.gate_proj.weight.data = gate_up[e, :I]
-                f.up_proj.weight.data = gate_up[e, I:]
-                f.down_proj.weight.data = down[e]
-            self._stacked = (gate_up, down)
-            self._stacked_ptrs = [w.data_ptr() for w in self._expert_weights()]
-        return self._stacked
+        E = len(self.experts)
+        I, H = self.experts[0].gate_proj.weight.shape
+        gate_up = [w for f in self.experts for w in (f.gate_proj.weight, f.up_proj.weight)]
+        before = self.__dict__.get("_packed", {}).get("gate_up")
+        gate_up = packed_rows(self, "gate_up", gate_up)                   # [E*2I, H]
+        down = packed_rows(self, "down", [f.down_proj.weight for f in self.experts])
+        if self._packed["gate_up"] is not before:      # stacked again: the experts' own
+            for f in self.experts:                     # packed gate_up views are stale
+                f.__dict__.pop("_packed", None)
+        return gate_up.view(E, 2 * I, H), down.view(E, H, I)
 
     # ------------------------------------------------------------- ways to run the experts
     def dispatch_combine(self, x: torch.Tensor, indices: torch.Tensor,
