@@ -17,13 +17,25 @@ MAX_POS = 2048
 THREADS = 2
 
 
+# Benchmark-only configs: the book's tiny preset with DeepSeek-V3's attention and routing in
+# miniature (multi-head latent attention with a query LoRA, sigmoid router with a correction
+# bias and expert groups, one shared expert, a dense first layer), run against
+# DeepseekV3ForCausalLM. Same field names as DeepSeek-V3's config.json.
+EXTRA = {"tiny-mla": ("tiny", dict(num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=32,
+                                   qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                                   head_dim=8, scoring_func="sigmoid", norm_topk_prob=True,
+                                   routed_scaling_factor=2.5, n_group=4, topk_group=2))}
+
+
 def build_pair(name: str, seed: int = 0, hf: bool = True, ours: bool = True):
-    """``(ours, hf)`` of preset ``name`` with identical random weights (fp32, eval mode).
+    """``(ours, hf)`` of preset ``name`` (a :data:`tokenflow.PRESETS` name or one of
+    :data:`EXTRA`) with identical random weights (fp32, eval mode).
 
     Weights are drawn wider than the default init (std 0.08) so that greedy decoding does not
     sit on near-ties. Either side can be skipped (``None``) for the memory subprocesses.
     """
-    cfg = preset(name, max_position_embeddings=MAX_POS)
+    base, overrides = EXTRA.get(name, (name, {}))
+    cfg = preset(base, max_position_embeddings=MAX_POS, **overrides)
     torch.manual_seed(seed)
     model = TokenFlowModel(cfg).eval()
     with torch.no_grad():

@@ -5,9 +5,10 @@
     .venv/bin/python benchmarks/bench_vs_hf.py --presets small-moe --memory '' --pairs 9
 
 Measures, for each preset (``tiny``: the book's MoE model, mapped onto Qwen2MoeForCausalLM;
-``tiny-dense``: the same without MoE, Llama; ``small-moe``: hidden 512, 8 layers, Mixtral;
-``small-dense``: the same, dense, Llama; random weights, ``max_position_embeddings`` raised to
-2048 so that 1024-token prompts fit):
+``tiny-dense``: the same without MoE, Llama; ``tiny-mla``: the tiny MoE with DeepSeek-V3's
+multi-head latent attention and sigmoid group routing, DeepseekV3ForCausalLM (``_common.EXTRA``);
+``small-moe``: hidden 512, 8 layers, Mixtral; ``small-dense``: the same, dense, Llama; random
+weights, ``max_position_embeddings`` raised to 2048 so that 1024-token prompts fit):
 
 * decode: new tokens/s of greedy ``generate`` (ours: ``tokenflow.generate``; HF:
   ``model.generate(do_sample=False)``, default DynamicCache, SDPA attention, default experts
@@ -18,7 +19,8 @@ Measures, for each preset (``tiny``: the book's MoE model, mapped onto Qwen2MoeF
   fills the KV cache and returns the last position's logits (ours: ``tokenflow.prefill``;
   HF: ``model(ids, use_cache=True, logits_to_keep=1)``). Target: ours >= 1.0x HF.
 * floor: seconds per batch-1 decode step spent in the matrix products alone (each weight
-  matrix a token touches, nothing else): no implementation can go below it, so
+  matrix a token touches, nothing else; the faster of the separate and the packed q/k/v and
+  gate/up layouts): no implementation can go below it, so
   ``HF step / floor`` is the best ratio reachable with zero overhead. Reported: each side's
   batch-1 step (best run's seconds / 128) as a multiple of the floor. Target for
   ``small-moe`` and ``small-dense``: ours <= 1.5x the floor.
@@ -124,32 +126,47 @@ def bench_prefill(ours, hf, length: int, repeats: int) -> dict:
 
 def bench_floor(ours, repeats: int = 10) -> float:
     """Seconds per batch-1 decode step spent in the matrix products alone: one ``F.linear``
-    per weight matrix a token touches (attention q/k/v/o; the dense FFN, or the router, K
+    per weight matrix a token touches (attention q/k/v/o, or MLA's q / kv_a / kv_b / o; the dense FFN, or the router, K
     routed experts and the shared expert of an MoE layer; the LM head), in a tight loop with
     nothing else. Both implementations must read these weights for every new token, so no
-    implementation can beat this floor; ``HF step / floor`` bounds the possible speed-up."""
+    implementation can beat this floor; ``HF step / floor`` bounds the possible speed-up.
+    Timed in two layouts, the separate matrices and the packed ones (q/k/v as one matrix,
+    each FFN's gate/up as one, as ``tokenflow.fused`` runs them): the floor is the faster."""
     import torch.nn.functional as F
-    ws = []
+    separate, packed = [], []
     for layer in ours.layers:
         a = layer.self_attn
-        ws += [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight]
+        if ours.config.is_mla:          # q (LoRA) / kv_a / kv_b / o: every matrix, once
+            mats = [p for p in a.parameters() if p.dim() == 2]
+            separate += mats
+            packed += mats
+        else:
+            separate += [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight]
+            packed += [torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                       a.o_proj.weight]
         m = layer.mlp
         ffns = ([m] if not layer.is_moe else
                 list(m.experts)[:m.top_k] + ([m.shared_experts] if m.shared_experts else []))
         if layer.is_moe:
-            ws.append(m.gate.weight)
+            separate.append(m.gate.weight)
+            packed.append(m.gate.weight)
         for f in ffns:
-            ws += [f.gate_proj.weight, f.up_proj.weight, f.down_proj.weight]
-    ws.append(ours.lm_head.weight)
-    xs = {w.shape[1]: torch.randn(1, w.shape[1]) for w in ws}
+            separate += [f.gate_proj.weight, f.up_proj.weight, f.down_proj.weight]
+            packed += [torch.cat([f.gate_proj.weight, f.up_proj.weight]), f.down_proj.weight]
+    separate.append(ours.lm_head.weight)
+    packed.append(ours.lm_head.weight)
+    xs = {w.shape[1]: torch.randn(1, w.shape[1]) for w in separate}
 
-    def step():
+    def step(ws):
         for w in ws:
             F.linear(xs[w.shape[1]], w)
 
     with torch.inference_mode():
-        step()
-        return min(timeit(step, repeats))
+        best = []
+        for ws in (separate, packed):
+            step(ws)
+            best.append(min(timeit(lambda: step(ws), repeats)))
+        return min(best)
 
 
 def bench_memory(name: str, batch: int = 8) -> dict:
@@ -230,7 +247,7 @@ def print_tables(rows: list, mems: list) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny preset only, 3 repeats")
-    ap.add_argument("--presets", default="tiny,tiny-dense,small-moe,small-dense")
+    ap.add_argument("--presets", default="tiny,tiny-dense,tiny-mla,small-moe,small-dense")
     ap.add_argument("--memory", default="tiny,small-moe",
                     help="presets whose peak RSS is measured ('' for none)")
     ap.add_argument("--pairs", type=int, help="alternating pairs per measure (default 7 for "
