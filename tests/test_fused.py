@@ -151,3 +151,80 @@ def test_model_built_under_inference_mode_runs():
 def test_packed_rows_rejects_bad_weights(bad, match):
     with pytest.raises(ValueError, match=match):
         packed_rows(torch.nn.Module(), "w", bad)
+
+
+def test_replacing_one_projection_is_packed_again():
+    """Assigning a new tensor to k_proj / v_proj / up_proj alone (q_proj / gate_proj, the
+    first block, unchanged) must still reach the packed product: the cache is keyed on
+    every weight's pointer, not just the first."""
+    attn, x, cos, sin, step = _attn_and_inputs()
+    with torch.no_grad():
+        attn(x, cos, sin, step)                                      # packed and cached
+    for name in ("k_proj", "v_proj"):
+        lin = getattr(attn, name)
+        lin.weight = torch.nn.Parameter(torch.randn_like(lin.weight))
+        with torch.no_grad():
+            w = attn.qkv_weight()
+            packed = attn(x, cos, sin, step)
+        assert torch.equal(w, torch.cat([attn.q_proj.weight, attn.k_proj.weight,
+                                         attn.v_proj.weight]))
+        separate = attn(x, cos, sin, step).detach()                 # grad on: cat path
+        assert (packed - separate).abs().max() < 1e-6
+    torch.manual_seed(0)
+    ffn, x = FFN(32, 48), torch.randn(3, 32)
+    with torch.no_grad():
+        ffn(x)
+        ffn.up_proj.weight = torch.nn.Parameter(torch.randn_like(ffn.up_proj.weight))
+        packed = ffn(x)
+    separate = ffn(x).detach()
+    assert (packed - separate).abs().max() < 1e-6
+
+
+def test_packed_rows_copies_blocks_of_one_storage_with_a_gap():
+    """Only blocks that really follow each other are viewed; a gap (or an overlap) between
+    two blocks of one storage must be copied, not read through."""
+    base = torch.arange(24.0).view(6, 4)
+    a, b = base[0:2], base[3:5]                                      # row 2 lies between
+    want = torch.cat([a, b])
+    w = packed_rows(torch.nn.Module(), "w", [a, b])
+    assert torch.equal(w, want)
+    assert w.data_ptr() != base.data_ptr()                          # a copy
+    c, d = base[0:2], base[2:5]                                      # adjacent: a view
+    v = packed_rows(torch.nn.Module(), "v", [c, d])
+    assert v.data_ptr() == base.data_ptr() and torch.equal(v, base[:5])
+
+
+def test_no_packed_cache_outlives_a_restack():
+    """After load_state_dict(assign=True) and a forward, every packed tensor cached on any
+    module lies in memory that the current parameters use (a stale expert cache would keep
+    the old stack alive)."""
+    torch.manual_seed(0)
+    model = TokenFlowModel(preset("tiny")).eval()
+    moe = next(layer.mlp for layer in model.layers if layer.is_moe)
+    with torch.no_grad():
+        for f in moe.experts:
+            f.gate_up_weight()                                       # experts' own views
+    torch.manual_seed(1)
+    other = TokenFlowModel(preset("tiny")).eval()
+    model.load_state_dict(other.state_dict(), assign=True)
+    with torch.no_grad():
+        model(torch.randint(0, 512, (2, 5)))                         # grouped path restacks
+    live = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    for name, m in model.named_modules():
+        for key, (_, packed) in m.__dict__.get("_packed", {}).items():
+            assert packed.untyped_storage().data_ptr() in live, (name, key)
+
+
+def test_gradients_reach_every_projection_in_eval_mode():
+    """The packed product is chosen by grad mode, not by train/eval mode: an eval-mode model
+    with gradients on still trains every projection."""
+    attn, x, cos, sin, step = _attn_and_inputs()
+    attn.eval()
+    attn(x, cos, sin, step).pow(2).sum().backward()
+    for lin in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+        assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
+    torch.manual_seed(0)
+    ffn = FFN(32, 48).eval()
+    ffn(torch.randn(3, 32)).pow(2).sum().backward()
+    for lin in (ffn.gate_proj, ffn.up_proj, ffn.down_proj):
+        assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0

@@ -313,3 +313,19 @@ def test_decode_costs_formula_equals_counted_flops(L):
     assert costs["naive"]["bytes_read"] == latent.nbytes + k_rope.nbytes + w + expanded
     with pytest.raises(ValueError, match="MLA"):
         costmodel.mla_decode_attention_costs(ModelConfig(), 4)
+def test_decode_without_trace_uses_the_one_sdpa_call(monkeypatch):
+    """A decode step (absorbed form) without a trace runs as one multi-query SDPA call over
+    [latent, k_rope] (keys r + dr wide); with Trace(keep_tensors=True) it keeps the weights."""
+    import tokenflow.mla as mla
+    model = random_mla(ds_config())
+    widths, sdpa = [], mla._sdpa
+    monkeypatch.setattr(mla, "_sdpa", lambda q, k, *a, **kw: widths.append(k.shape[-1])
+                        or sdpa(q, k, *a, **kw))
+    ids = torch.randint(3, 256, (2, 6))
+    cache = KVCache(model.config, 2, 8)
+    with torch.no_grad():
+        prefill(model, ids, cache)
+        widths.clear()
+        decode_step(model, ids[:, -1], cache)
+    r_dr = model.config.kv_lora_rank + model.config.qk_rope_head_dim
+    assert widths == [r_dr] * model.config.num_hidden_layers
