@@ -61,6 +61,33 @@ def _jupyter_book() -> str:
     return found
 
 
+def _shared_dir(tmp_path_factory, worker_id):
+    """One temporary folder for the whole test run: under pytest-xdist the parent of the
+    workers' own folders (they all see it), else this process's base folder."""
+    base = tmp_path_factory.getbasetemp()
+    return base if worker_id == "master" else base.parent
+
+
+def _once(shared, name: str, make) -> None:
+    """Run ``make()`` once per test run, whichever process asks first: the others wait on the
+    file lock ``<name>.lock`` and skip it once ``<name>.done`` exists."""
+    import fcntl
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (shared / f"{name}.done").exists():
+            make()
+            (shared / f"{name}.done").touch()
+
+
+def _fetch_widget_js(shared) -> None:
+    """scripts/fetch_widget_js.sh (idempotent), once per run, before either edition builds."""
+    import subprocess
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    _once(shared, "widget-js", lambda: subprocess.run(
+        ["bash", str(root / "scripts" / "fetch_widget_js.sh")], cwd=root, check=True))
+
+
 @pytest.fixture(scope="session")
 def book_html_dir(tmp_path_factory, worker_id):
     """``_build/html`` of the book, built strictly (``jupyter-book build -W -n --keep-going``)
@@ -68,7 +95,6 @@ def book_html_dir(tmp_path_factory, worker_id):
     (the first builds under a file lock, the others wait and reuse it). Used by
     tests/test_book.py and tests/test_browser.py. With $TOKENFLOW_BOOK_HTML set to an existing
     ``_build/html`` folder, that one is used instead (no build: for working on the tests)."""
-    import fcntl
     import os
     import subprocess
     import time
@@ -76,35 +102,34 @@ def book_html_dir(tmp_path_factory, worker_id):
     if os.environ.get("TOKENFLOW_BOOK_HTML"):
         return Path(os.environ["TOKENFLOW_BOOK_HTML"]).resolve()
     root = Path(__file__).resolve().parents[1]
-    base = tmp_path_factory.getbasetemp()
-    shared = base if worker_id == "master" else base.parent   # one folder for all workers
-    out, done = shared / "book", shared / "book.done"
-    with open(shared / "book.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            subprocess.run(["bash", str(root / "scripts" / "fetch_widget_js.sh")], cwd=root,
-                           check=True)
-            cmd = [_jupyter_book(), "build", "-W", "-n", "--keep-going", "--path-output",
-                   str(out), "."]
-            start = time.perf_counter()
-            proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
-            assert proc.returncode == 0, (
-                f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout ---\n"
-                f"{proc.stdout[-8000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
-            print(f"book built in {time.perf_counter() - start:.1f} s")
-            done.touch()
+    shared = _shared_dir(tmp_path_factory, worker_id)
+    out = shared / "book"
+
+    def build():
+        cmd = [_jupyter_book(), "build", "-W", "-n", "--keep-going", "--path-output", str(out),
+               "."]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+        assert proc.returncode == 0, (
+            f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout ---\n"
+            f"{proc.stdout[-8000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
+        print(f"book built in {time.perf_counter() - start:.1f} s")
+
+    _fetch_widget_js(shared)
+    _once(shared, "book", build)
     html = out / "_build" / "html"
     assert html.is_dir(), f"no HTML output in {out}"
     return html
 
 
 @pytest.fixture(scope="session")
-def zh_html_dir(book_html_dir, tmp_path_factory, worker_id):
-    """The Chinese edition built strictly (``scripts/i18n.py build``) into ``zh/`` of the
-    English build, as ``make book`` lays them out (so the language switch links resolve), ONCE
-    per test run: workers share it through a file lock, as :func:`book_html_dir`. With
-    $TOKENFLOW_BOOK_HTML set, its ``zh/`` folder is used (built by ``make book``)."""
-    import fcntl
+def zh_html_dir(request, tmp_path_factory, worker_id):
+    """The Chinese edition built strictly (``scripts/i18n.py build``) ONCE per test run and
+    placed in ``zh/`` of the English build, as ``make book`` lays them out (so the language
+    switch links resolve). It builds into a folder of its own first, so it never waits for the
+    English build (under pytest-xdist another worker builds that one at the same time); workers
+    share it through file locks, as :func:`book_html_dir`. With $TOKENFLOW_BOOK_HTML set, its
+    ``zh/`` folder is used (built by ``make book``)."""
     import os
     import subprocess
     import sys
@@ -112,17 +137,19 @@ def zh_html_dir(book_html_dir, tmp_path_factory, worker_id):
     if os.environ.get("TOKENFLOW_BOOK_HTML"):
         return Path(os.environ["TOKENFLOW_BOOK_HTML"]).resolve() / "zh"
     root = Path(__file__).resolve().parents[1]
-    base = tmp_path_factory.getbasetemp()
-    shared = base if worker_id == "master" else base.parent
-    dest, done = book_html_dir / "zh", shared / "zh.done"
-    with open(shared / "zh.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            cmd = [sys.executable, str(root / "scripts" / "i18n.py"), "build", "--dest",
-                   str(dest), "--staging", str(shared / "zh-staging")]
-            proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
-            assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
-            done.touch()
+    shared = _shared_dir(tmp_path_factory, worker_id)
+    built = shared / "zh-html"
+
+    def build():
+        cmd = [sys.executable, str(root / "scripts" / "i18n.py"), "build", "--dest",
+               str(built), "--staging", str(shared / "zh-staging")]
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+        assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+
+    _fetch_widget_js(shared)
+    _once(shared, "zh", build)
+    dest = request.getfixturevalue("book_html_dir") / "zh"
+    _once(shared, "zh-placed", lambda: built.rename(dest))   # same file system: a move
     assert (dest / "index.html").exists() or any(dest.rglob("*.html")), f"no zh HTML in {dest}"
     return dest
 
