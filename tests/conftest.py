@@ -6,6 +6,37 @@ from tokenflow import ModelConfig, TokenFlowModel, load_pretrained, preset
 
 torch.set_num_threads(1)
 
+# The longest files first. `make test` runs pytest-xdist with --dist loadfile: each worker gets
+# whole files, the next one whenever it has fewer than two queued, so a long file handed out
+# last runs alone at the end while the other worker idles. The Chinese browser test goes first
+# (it waits for the zh build, the longest), the English one second (its worker builds the
+# English edition meanwhile), then the other files that build or run subprocesses, then the
+# notebooks (nbval), then everything else in collection order. Add a file here when it becomes
+# one of the slowest (``--durations=40``).
+SLOW_FIRST = ("tests/test_browser_zh.py", "tests/test_browser.py", "tests/test_i18n.py",
+              "tests/test_book.py", "tests/test_nbval_sanitize.py", "tests/test_expert_parallel.py")
+
+
+def pytest_configure(config):
+    # xdist's loadfile/loadscope scheduler sends the files with the MOST tests first (unless
+    # --no-loadscope-reorder): our longest files have one or two tests each, so it would start
+    # them last. Keep the order set by pytest_collection_modifyitems below instead.
+    if hasattr(config.option, "loadscopereorder") and \
+            "--loadscope-reorder" not in config.invocation_params.args:
+        config.option.loadscopereorder = False
+
+
+def _run_order(item) -> tuple[int, int]:
+    path = item.nodeid.split("::", 1)[0]
+    if path in SLOW_FIRST:
+        return (0, SLOW_FIRST.index(path))
+    return (1, 0) if path.endswith(".ipynb") or path.startswith("notebooks/") else (2, 0)
+
+
+def pytest_collection_modifyitems(config, items):
+    # a stable sort: the tests of one file stay together and in their order
+    items.sort(key=_run_order)
+
 
 @pytest.fixture(scope="session")
 def pretrained():
