@@ -184,3 +184,24 @@ def zh_html_dir(request, tmp_path_factory, worker_id):
     assert (dest / "index.html").exists() or any(dest.rglob("*.html")), f"no zh HTML in {dest}"
     return dest
 
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Chromium driven by Playwright, started once per test process and shared by
+    tests/test_browser.py and tests/test_browser_zh.py: Debian's ``chromium`` (or
+    $TOKENFLOW_CHROMIUM; ``playwright install`` is not needed). It resolves no host name but
+    127.0.0.1, so a page of the book cannot reach the network: the tests serve the book there
+    and report any other request as blocked."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from playwright.sync_api import sync_playwright
+    exe = os.environ.get("TOKENFLOW_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    assert Path(exe).exists(), ("Debian's chromium is needed for the browser test: "
+                                "apt-get install chromium (make test does this under CI as root)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, args=[
+            "--no-sandbox", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"])
+        yield b
+        b.close()
