@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_browser import (BOXES, CHECKS_JS, EXPLORE_JS, _explore_ok, context, open_page,  # noqa: F401
-                          serve, toc_pages)
+from test_browser import BOXES, CHECKS_JS, EXPLORE_JS, _explore_ok, serve, tab, toc_pages  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +15,7 @@ def server(book_html_dir, zh_html_dir):
     yield from serve(book_html_dir)
 
 
-def test_every_chinese_page_in_chromium(context, server, zh_html_dir):
+def test_every_chinese_page_in_chromium(tab, server, zh_html_dir):
     """The Chinese edition (built into zh/ of the served English build): every page has no
     console errors or blocked requests, loads its images, typesets its math, moves its
     explorers, and its language switch opens the same page of the English edition (the
@@ -24,7 +23,7 @@ def test_every_chinese_page_in_chromium(context, server, zh_html_dir):
     finds pages (jieba segments the Chinese index)."""
     problems, counts = [], {"pages": 0, "sliders_moved": 0, "equations": 0}
     for f in toc_pages():
-        page, log = open_page(context, server, f"zh/{f}.html")
+        page, log = tab.open(server, f"zh/{f}.html")
         r = page.evaluate(CHECKS_JS, BOXES)
         moves = page.evaluate(EXPLORE_JS)
         switch = page.locator("a.tokenflow-language-switch")
@@ -39,7 +38,6 @@ def test_every_chinese_page_in_chromium(context, server, zh_html_dir):
             if status != 200 or not page.url.endswith(f"/{f}.html") or "/zh/" in page.url:
                 problems.append(f"zh/{f}: switch went to {page.url} (HTTP {status})")
         errors = log["errors"] + log["blocked"]   # before the English page is left half loaded
-        page.close()
         problems += [f"zh/{f}: {e}" for e in errors]
         problems += [f"zh/{f}: image not loaded: {u}" for u in r["broken"]]
         problems += [f"zh/{f}: {p}" for p in _explore_ok(moves)]
@@ -48,11 +46,10 @@ def test_every_chinese_page_in_chromium(context, server, zh_html_dir):
         counts["pages"] += 1
         counts["sliders_moved"] += len(moves)
         counts["equations"] += r["equations"]
-    page, log = open_page(context, server, "zh/search.html?q=%E9%A6%96%E9%83%BD")
+    page, log = tab.open(server, "zh/search.html?q=%E9%A6%96%E9%83%BD")
     page.wait_for_function("() => document.querySelectorAll('#search-results li').length > 0",
                            timeout=20_000)
     hits = page.locator("#search-results li").count()
-    page.close()
     print(f"\nChinese edition: {counts}; search for 首都: {hits} pages")
     assert not problems, "\n".join(problems)
     assert hits >= 3
