@@ -1,4 +1,6 @@
-"""Shared fixtures: the trained tiny model (loaded once) and small random models."""
+"""Shared fixtures: the trained tiny model (loaded once), small random models, the two editions
+of the book (each built once per run, in parallel under pytest-xdist) and one headless Chromium
+per test process; and the order the files run in (longest first, see SLOW_FIRST)."""
 import pytest
 import torch
 
