@@ -107,7 +107,8 @@ class Tab:
         page.goto(base + path, wait_until="load")
         page.wait_for_function(WIDGETS_DRAWN, timeout=15_000)   # widgets drawn, fonts fetched
         page.evaluate("() => document.fonts.ready.then(() => null)")
-        page.evaluate("() => (window.MathJax && MathJax.startup && MathJax.startup.promise) || null")
+        page.evaluate(
+            "() => (window.MathJax && MathJax.startup && MathJax.startup.promise) || null")
         return page, self.log
 
 

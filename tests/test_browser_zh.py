@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from test_browser import BOXES, CHECKS_JS, EXPLORE_JS, _explore_ok, serve, tab, toc_pages  # noqa: F401
+from test_browser import (BOXES, CHECKS_JS, EXPLORE_JS, _explore_ok, serve, tab,  # noqa: F401
+                          toc_pages)
 
 
 @pytest.fixture(scope="module")
