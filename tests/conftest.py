@@ -1,10 +1,43 @@
-"""Shared fixtures: the trained tiny model (loaded once) and small random models."""
+"""Shared fixtures: the trained tiny model (loaded once), small random models, the two editions
+of the book (each built once per run, in parallel under pytest-xdist) and one headless Chromium
+per test process; and the order the files run in (longest first, see SLOW_FIRST)."""
 import pytest
 import torch
 
 from tokenflow import ModelConfig, TokenFlowModel, load_pretrained, preset
 
 torch.set_num_threads(1)
+
+# The longest files first. `make test` runs pytest-xdist with --dist loadfile: each worker gets
+# whole files, the next one whenever it has fewer than two queued, so a long file handed out
+# last runs alone at the end while the other worker idles. The Chinese browser test goes first
+# (it waits for the zh build, the longest), the English one second (its worker builds the
+# English edition meanwhile), then the other files that build or run subprocesses, then the
+# notebooks (nbval), then everything else in collection order. Add a file here when it becomes
+# one of the slowest (``--durations=40``).
+SLOW_FIRST = ("tests/test_browser_zh.py", "tests/test_browser.py", "tests/test_i18n.py",
+              "tests/test_book.py", "tests/test_nbval_sanitize.py", "tests/test_expert_parallel.py")
+
+
+def pytest_configure(config):
+    # xdist's loadfile/loadscope scheduler sends the files with the MOST tests first (unless
+    # --no-loadscope-reorder): our longest files have one or two tests each, so it would start
+    # them last. Keep the order set by pytest_collection_modifyitems below instead.
+    if hasattr(config.option, "loadscopereorder") and \
+            "--loadscope-reorder" not in config.invocation_params.args:
+        config.option.loadscopereorder = False
+
+
+def _run_order(item) -> tuple[int, int]:
+    path = item.nodeid.split("::", 1)[0]
+    if path in SLOW_FIRST:
+        return (0, SLOW_FIRST.index(path))
+    return (1, 0) if path.endswith(".ipynb") or path.startswith("notebooks/") else (2, 0)
+
+
+def pytest_collection_modifyitems(config, items):
+    # a stable sort: the tests of one file stay together and in their order
+    items.sort(key=_run_order)
 
 
 @pytest.fixture(scope="session")
@@ -61,6 +94,33 @@ def _jupyter_book() -> str:
     return found
 
 
+def _shared_dir(tmp_path_factory, worker_id):
+    """One temporary folder for the whole test run: under pytest-xdist the parent of the
+    workers' own folders (they all see it), else this process's base folder."""
+    base = tmp_path_factory.getbasetemp()
+    return base if worker_id == "master" else base.parent
+
+
+def _once(shared, name: str, make) -> None:
+    """Run ``make()`` once per test run, whichever process asks first: the others wait on the
+    file lock ``<name>.lock`` and skip it once ``<name>.done`` exists."""
+    import fcntl
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (shared / f"{name}.done").exists():
+            make()
+            (shared / f"{name}.done").touch()
+
+
+def _fetch_widget_js(shared) -> None:
+    """scripts/fetch_widget_js.sh (idempotent), once per run, before either edition builds."""
+    import subprocess
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    _once(shared, "widget-js", lambda: subprocess.run(
+        ["bash", str(root / "scripts" / "fetch_widget_js.sh")], cwd=root, check=True))
+
+
 @pytest.fixture(scope="session")
 def book_html_dir(tmp_path_factory, worker_id):
     """``_build/html`` of the book, built strictly (``jupyter-book build -W -n --keep-going``)
@@ -68,7 +128,6 @@ def book_html_dir(tmp_path_factory, worker_id):
     (the first builds under a file lock, the others wait and reuse it). Used by
     tests/test_book.py and tests/test_browser.py. With $TOKENFLOW_BOOK_HTML set to an existing
     ``_build/html`` folder, that one is used instead (no build: for working on the tests)."""
-    import fcntl
     import os
     import subprocess
     import time
@@ -76,35 +135,34 @@ def book_html_dir(tmp_path_factory, worker_id):
     if os.environ.get("TOKENFLOW_BOOK_HTML"):
         return Path(os.environ["TOKENFLOW_BOOK_HTML"]).resolve()
     root = Path(__file__).resolve().parents[1]
-    base = tmp_path_factory.getbasetemp()
-    shared = base if worker_id == "master" else base.parent   # one folder for all workers
-    out, done = shared / "book", shared / "book.done"
-    with open(shared / "book.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            subprocess.run(["bash", str(root / "scripts" / "fetch_widget_js.sh")], cwd=root,
-                           check=True)
-            cmd = [_jupyter_book(), "build", "-W", "-n", "--keep-going", "--path-output",
-                   str(out), "."]
-            start = time.perf_counter()
-            proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
-            assert proc.returncode == 0, (
-                f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout ---\n"
-                f"{proc.stdout[-8000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
-            print(f"book built in {time.perf_counter() - start:.1f} s")
-            done.touch()
+    shared = _shared_dir(tmp_path_factory, worker_id)
+    out = shared / "book"
+
+    def build():
+        cmd = [_jupyter_book(), "build", "-W", "-n", "--keep-going", "--path-output", str(out),
+               "."]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+        assert proc.returncode == 0, (
+            f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout ---\n"
+            f"{proc.stdout[-8000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
+        print(f"book built in {time.perf_counter() - start:.1f} s")
+
+    _fetch_widget_js(shared)
+    _once(shared, "book", build)
     html = out / "_build" / "html"
     assert html.is_dir(), f"no HTML output in {out}"
     return html
 
 
 @pytest.fixture(scope="session")
-def zh_html_dir(book_html_dir, tmp_path_factory, worker_id):
-    """The Chinese edition built strictly (``scripts/i18n.py build``) into ``zh/`` of the
-    English build, as ``make book`` lays them out (so the language switch links resolve), ONCE
-    per test run: workers share it through a file lock, as :func:`book_html_dir`. With
-    $TOKENFLOW_BOOK_HTML set, its ``zh/`` folder is used (built by ``make book``)."""
-    import fcntl
+def zh_html_dir(request, tmp_path_factory, worker_id):
+    """The Chinese edition built strictly (``scripts/i18n.py build``) ONCE per test run and
+    placed in ``zh/`` of the English build, as ``make book`` lays them out (so the language
+    switch links resolve). It builds into a folder of its own first, so it never waits for the
+    English build (under pytest-xdist another worker builds that one at the same time); workers
+    share it through file locks, as :func:`book_html_dir`. With $TOKENFLOW_BOOK_HTML set, its
+    ``zh/`` folder is used (built by ``make book``)."""
     import os
     import subprocess
     import sys
@@ -112,17 +170,40 @@ def zh_html_dir(book_html_dir, tmp_path_factory, worker_id):
     if os.environ.get("TOKENFLOW_BOOK_HTML"):
         return Path(os.environ["TOKENFLOW_BOOK_HTML"]).resolve() / "zh"
     root = Path(__file__).resolve().parents[1]
-    base = tmp_path_factory.getbasetemp()
-    shared = base if worker_id == "master" else base.parent
-    dest, done = book_html_dir / "zh", shared / "zh.done"
-    with open(shared / "zh.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            cmd = [sys.executable, str(root / "scripts" / "i18n.py"), "build", "--dest",
-                   str(dest), "--staging", str(shared / "zh-staging")]
-            proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
-            assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
-            done.touch()
+    shared = _shared_dir(tmp_path_factory, worker_id)
+    built = shared / "zh-html"
+
+    def build():
+        cmd = [sys.executable, str(root / "scripts" / "i18n.py"), "build", "--dest",
+               str(built), "--staging", str(shared / "zh-staging")]
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+        assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+
+    _fetch_widget_js(shared)
+    _once(shared, "zh", build)
+    dest = request.getfixturevalue("book_html_dir") / "zh"
+    _once(shared, "zh-placed", lambda: built.rename(dest))   # same file system: a move
     assert (dest / "index.html").exists() or any(dest.rglob("*.html")), f"no zh HTML in {dest}"
     return dest
 
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Chromium driven by Playwright, started once per test process and shared by
+    tests/test_browser.py and tests/test_browser_zh.py: Debian's ``chromium`` (or
+    $TOKENFLOW_CHROMIUM; ``playwright install`` is not needed). It resolves no host name but
+    127.0.0.1, so a page of the book cannot reach the network: the tests serve the book there
+    and report any other request as blocked."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from playwright.sync_api import sync_playwright
+    exe = os.environ.get("TOKENFLOW_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    assert Path(exe).exists(), ("Debian's chromium is needed for the browser test: "
+                                "apt-get install chromium (make test does this under CI as root)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, args=[
+            "--no-sandbox", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"])
+        yield b
+        b.close()

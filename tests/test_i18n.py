@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import re
@@ -68,6 +69,40 @@ def _first_sentence(path: Path) -> str:
         if para and para[0].isalpha():
             return para.split(". ")[0]
     raise AssertionError(f"no prose paragraph in {path}")
+
+
+def _sources_digest(root: Path) -> str:
+    """A hash of what the gettext builder reads: every file under ``root`` but the catalogs
+    (locale/), build outputs (_build/) and Python caches."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root)
+        if rel.parts[0] in ("locale", "_build") or "__pycache__" in rel.parts:
+            continue
+        h.update(rel.as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extract_once_per_sources(tmp_path_factory):
+    """``i18n.extract`` (a Sphinx gettext build in a new process, seconds each) runs for real
+    once per distinct source tree in this file; later calls on the same sources (``check``
+    again after only locale/STRICT or the catalogs changed, ``update`` then ``check``) get a
+    copy of the templates it wrote. The catalogs are not inputs of the extraction."""
+    real, done = i18n.extract, {}
+    store = tmp_path_factory.mktemp("pot")
+
+    def extract(root: Path, out: Path) -> Path:
+        key = _sources_digest(root)
+        if key not in done:
+            done[key] = real(root, store / key[:16])
+        pot_dir = out / "_build" / "gettext"
+        shutil.copytree(done[key], pot_dir, dirs_exist_ok=True)
+        return pot_dir
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(i18n, "extract", extract)
+        yield
 
 
 @pytest.fixture(scope="module")
