@@ -114,26 +114,14 @@ class MLAttention(nn.Module):
         weights = _softmax(q @ k.transpose(-1, -2) * self.scale, mask)   # [B, nh, S, L]
         return weights @ v, weights
 
-    def attend_absorbed(self, q_nope, q_rope, latent, k_rope, mask, keep_weights=True):
+    def attend_absorbed(self, q_nope, q_rope, latent, k_rope, mask):
         """Attend over the cache as stored: ``W_UK`` folded into the query, ``W_UV`` applied
-        after the weighted sum. Returns ``(heads [B,nh,S,dv], weights [B,nh,S,L] or None)``.
-
-        The score of a key is ``q_lat . c + q_rope . k_rope``: one dot product of
-        ``[q_lat, q_rope]`` with ``[c, k_rope]``. So without ``keep_weights`` the absorbed
-        form runs as multi-query attention (one shared key/value head, ``r + dr`` wide keys,
-        the latent ``c`` as value) in one SDPA call, as DeepSeek's FlashMLA kernel treats it;
-        with ``keep_weights`` it computes the two score terms and the softmax explicitly
-        (same values within float rounding, tested)."""
+        after the weighted sum. Returns ``(heads [B,nh,S,dv], weights [B,nh,S,L])``."""
         w_uk, w_uv = self.up_weights()
         q_lat = torch.einsum("bhsd,hdr->bhsr", q_nope, w_uk)             # [B, nh, S, r]
-        if keep_weights:
-            scores = q_lat @ latent.transpose(-1, -2) + q_rope @ k_rope.transpose(-1, -2)
-            weights = _softmax(scores * self.scale, mask)                 # [B, nh, S, L]
-            ctx = weights @ latent                                        # [B, nh, S, r]
-        else:
-            q = torch.cat([q_lat, q_rope], dim=-1)                        # [B, nh, S, r+dr]
-            k = torch.cat([latent, k_rope], dim=-1)                       # [B, 1, L, r+dr]
-            ctx, weights = _sdpa(q, k, latent, mask, True, self.scale), None  # [B,nh,S,r]
+        scores = q_lat @ latent.transpose(-1, -2) + q_rope @ k_rope.transpose(-1, -2)
+        weights = _softmax(scores * self.scale, mask)                     # [B, nh, S, L]
+        ctx = weights @ latent                                            # [B, nh, S, r]
         return torch.einsum("bhsr,hvr->bhsv", ctx, w_uv), weights         # [B, nh, S, dv]
 
     # ------------------------------------------------------------------ forward
@@ -166,8 +154,7 @@ class MLAttention(nn.Module):
         keep = trace is not None and trace.keep_tensors
         absorb = self.absorb if self.absorb is not None else S == 1
         if absorb:
-            heads, weights = self.attend_absorbed(q_nope, q_rope, latent, k_rope, step.mask,
-                                                  keep)
+            heads, weights = self.attend_absorbed(q_nope, q_rope, latent, k_rope, step.mask)
         else:
             heads, weights = self.attend_naive(q_nope, q_rope, latent, k_rope, step.mask, keep)
         if keep:
