@@ -23,6 +23,7 @@ heads, ``r`` = ``kv_lora_rank``, ``dn`` = ``qk_nope_head_dim``, ``dr`` = ``qk_ro
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .attention import _sdpa
@@ -110,7 +111,13 @@ class MLAttention(nn.Module):
         k = torch.cat([k_nope, k_rope.expand(-1, self.n_heads, -1, -1)], dim=-1)
         q = torch.cat([q_nope, q_rope], dim=-1)                           # [B, nh, S, dn+dr]
         if not keep_weights:
-            return _sdpa(q, k, v, mask, scale=self.scale), None
+            # SDPA's fused CPU/GPU kernels want V as wide as Q and K (dn + dr); with a narrower
+            # V they fall back to the math path, which builds the [S, L] scores of every
+            # head. Zero columns appended to V change no output column (HF pads the same way
+            # for FlashAttention); they are cut off again.
+            pad = q.shape[-1] - self.dv
+            vp = F.pad(v, (0, pad)) if pad > 0 else v                     # [B, nh, L, dn+dr]
+            return _sdpa(q, k, vp, mask, scale=self.scale)[..., :self.dv], None
         weights = _softmax(q @ k.transpose(-1, -2) * self.scale, mask)   # [B, nh, S, L]
         return weights @ v, weights
 
