@@ -208,3 +208,22 @@ def test_nbval_sanitizer_hides_only_the_explorer_pixels(monkeypatch):
     assert a != b and clean(a) == clean(b)
     assert clean(a) != clean(c)            # the slider labels are still compared
     assert clean(a).count('base64,..."') == 2
+
+
+def test_say_wraps_by_display_width_under_the_first_word(capsys):
+    """Conclusions fit a ~90-column page: Chinese characters count two columns, continuation
+    lines are indented under the item's first word, and every word is kept."""
+    from tokenflow.viz import display_width, say
+    text = ("3. The prompt 北京是中国的首北京是中国的首 is 14 tokens; every block keeps the shape "
+            "[1, 14, 64] and sends each token to 2 of 8 experts, then the LM head scores 888 "
+            "entries.")
+    say(text, width=40)
+    lines = capsys.readouterr().out.rstrip("\n").split("\n")
+    assert len(lines) > 2
+    assert all(display_width(line) <= 40 for line in lines), lines
+    assert all(line.startswith("   ") and not line.startswith("    ") for line in lines[1:])
+    assert " ".join(line.strip() for line in lines) == text
+    say("x" * 30 + " y", width=20)                     # a word wider than the page stays whole
+    assert capsys.readouterr().out == "x" * 30 + "\ny\n"
+    with pytest.raises(ValueError, match="width"):
+        say("a", width=19)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import html
 import numbers
 import re
-import textwrap
 import unicodedata
 
 __all__ = ["display_width", "pad", "format_bytes", "say", "Table"]
@@ -51,9 +50,11 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B" if i == 0 else f"{x:.2f} {units[i]}"
 
 
-def say(text: str, width: int = 92) -> None:
+def say(text: str, width: int = 88) -> None:
     """Print ``text`` wrapped to ``width`` columns, continuation lines indented under the
-    first word (so "1. ..." items stay readable on a book page without side-scrolling).
+    first word (so "1. ..." items stay readable on a book page, ~90 columns, without
+    side-scrolling). Columns are counted as a terminal shows them (:func:`display_width`: a
+    Chinese character takes two). A single word wider than ``width`` stays whole.
 
     Raises:
         ValueError: if ``width < 20``.
@@ -62,8 +63,16 @@ def say(text: str, width: int = 92) -> None:
         raise ValueError(f"width must be >= 20, got {width}")
     m = re.match(r"(\d+\.|-)\s", text)
     indent = " " * (len(m.group(0)) if m else 0)
-    print(textwrap.fill(text, width=width, subsequent_indent=indent,
-                        break_long_words=False, break_on_hyphens=False))
+    lines, line = [], ""
+    for word in text.split():
+        candidate = f"{line} {word}" if line else (indent if lines else "") + word
+        if line and display_width(candidate) > width:
+            lines.append(line)
+            line = indent + word
+        else:
+            line = candidate
+    lines.append(line)
+    print("\n".join(lines))
 
 
 # --------------------------------------------------------------------- Table
