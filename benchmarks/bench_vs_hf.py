@@ -142,8 +142,8 @@ def bench_floor(ours, repeats: int = 10) -> float:
             packed += mats
         else:
             separate += [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight]
-            packed += [torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                       a.o_proj.weight]
+            with torch.no_grad():                    # the model's own packed matrix
+                packed += [a.qkv_weight(), a.o_proj.weight]
         m = layer.mlp
         ffns = ([m] if not layer.is_moe else
                 list(m.experts)[:m.top_k] + ([m.shared_experts] if m.shared_experts else []))
@@ -152,7 +152,8 @@ def bench_floor(ours, repeats: int = 10) -> float:
             packed.append(m.gate.weight)
         for f in ffns:
             separate += [f.gate_proj.weight, f.up_proj.weight, f.down_proj.weight]
-            packed += [torch.cat([f.gate_proj.weight, f.up_proj.weight]), f.down_proj.weight]
+            with torch.no_grad():
+                packed += [f.gate_up_weight(), f.down_proj.weight]
     separate.append(ours.lm_head.weight)
     packed.append(ours.lm_head.weight)
     xs = {w.shape[1]: torch.randn(1, w.shape[1]) for w in separate}
