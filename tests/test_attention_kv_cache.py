@@ -560,3 +560,53 @@ def test_cache_dtype_of_the_same_size_is_still_refused(make_model):
     with pytest.raises(ValueError, match="kv_cache dtype torch.bfloat16 .*torch.float16"):
         prefill(model, torch.tensor([[3, 4, 5]]),
                 KVCache(model.config, 1, 8, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (4, 1), (8, 2), (4, 4)])
+@pytest.mark.parametrize("pad", [False, True])
+def test_decode_attention_equals_repeated_kv_heads(heads, kv_heads, pad):
+    """A decode step's attention (GQA: the query heads of one KV head stacked as rows of one
+    SDPA call) equals the textbook form: every KV head repeated for its query heads, scores,
+    masked softmax, weighted sum; with left padding (mask tensor) and without (no mask)."""
+    model = random_model(num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         head_dim=8, hidden_size=32)
+    ids, mask, _ = _ragged(model.config.vocab_size, [6, 4 if pad else 6])
+    cache = KVCache(model.config, 2, 7)
+    attn, nh, D = model.layers[0].self_attn, heads, 8
+    with torch.no_grad():
+        model(ids, kv_cache=cache, attention_mask=mask)
+        step = cache.begin_step(None, 2, 1)
+        assert (getattr(step.mask, "sdpa_hint", None) == "none") == (not pad)
+        cos, sin = model.rotary(step.positions)
+        x = torch.randn(2, 1, model.config.hidden_size)
+        out = attn(x, cos, sin, step, cache)                        # writes slot 6 of layer 0
+        q = F.linear(x, attn.q_proj.weight).view(2, 1, nh, D).transpose(1, 2)
+        q = q * cos + torch.cat([-q[..., D // 2:], q[..., :D // 2]], -1) * sin
+        k = cache.k[0][:, :, :7].repeat_interleave(nh // kv_heads, dim=1)   # [2, nh, 7, D]
+        v = cache.v[0][:, :, :7].repeat_interleave(nh // kv_heads, dim=1)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(D)                    # [2, nh, 1, 7]
+        weights = scores.masked_fill(~step.mask, float("-inf")).softmax(-1)
+        heads_out = (weights @ v).transpose(1, 2).reshape(2, 1, nh * D)
+        ref = attn.o_proj(heads_out)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert out.abs().max() > 1e-3
+    if pad:                                       # the padded slots got no weight in row 1
+        assert weights[1, :, :, :2].abs().max() == 0
+
+
+def test_rotate_half_equals_the_concatenated_form_and_its_gradient():
+    """``_rotate_half`` (one roll, one product with +-1) is ``cat([-x2, x1])`` exactly, in
+    and out of inference mode, and passes the same gradient back."""
+    from tokenflow.rope import _rotate_half
+    for D in (2, 8, 64):
+        x = torch.randn(2, 3, 5, D, dtype=torch.float64, requires_grad=True)
+        ref = torch.cat([-x[..., D // 2:], x[..., :D // 2]], dim=-1)
+        out = _rotate_half(x)
+        assert torch.equal(out, ref)
+        g = torch.randn_like(ref)
+        (ga,) = torch.autograd.grad(out, x, g)
+        (gb,) = torch.autograd.grad(ref, x, g)
+        assert torch.equal(ga, gb)
+        with torch.inference_mode():
+            y = torch.randn(1, 2, 1, D)
+            assert torch.equal(_rotate_half(y), torch.cat([-y[..., D // 2:], y[..., :D // 2]], -1))

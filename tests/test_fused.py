@@ -228,3 +228,23 @@ def test_gradients_reach_every_projection_in_eval_mode():
     ffn(torch.randn(3, 32)).pow(2).sum().backward()
     for lin in (ffn.gate_proj, ffn.up_proj, ffn.down_proj):
         assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
+
+
+def test_linear_weights_reads_the_registered_weights():
+    """``linear_weights`` returns what attribute access returns, follows a replaced module or
+    Parameter, and names a missing child with a KeyError."""
+    from tokenflow.fused import linear_weights
+    attn, x, cos, sin, step = _attn_and_inputs()
+    ws = linear_weights(attn, ("q_proj", "k_proj", "v_proj"))
+    assert all(a is b for a, b in zip(ws, (attn.q_proj.weight, attn.k_proj.weight,
+                                           attn.v_proj.weight)))
+    attn.k_proj = torch.nn.Linear(attn.k_proj.in_features, attn.k_proj.out_features,
+                                  bias=False)
+    assert linear_weights(attn, ("k_proj",))[0] is attn.k_proj.weight
+    attn.v_proj.weight = torch.nn.Parameter(torch.randn_like(attn.v_proj.weight))
+    assert linear_weights(attn, ("v_proj",))[0] is attn.v_proj.weight
+    with torch.no_grad():                             # and the packed product follows both
+        qkv = F.linear(x, attn.qkv_weight())
+    torch.testing.assert_close(qkv, torch.cat(_separate_qkv(attn, x), dim=-1))
+    with pytest.raises(KeyError):
+        linear_weights(attn, ("w_proj",))

@@ -20,7 +20,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
-from .fused import PackedWeights, packed_rows
+from .fused import PackedWeights, linear_weights, packed_rows
 from .kv_cache import CacheStep, attention_mask_for
 from .rope import RotaryEmbedding, apply_rope
 
@@ -34,10 +34,10 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
     as "no key masked" / "plain causal" (and its shape still fits): same values, faster.
     ``scale`` defaults to SDPA's ``1 / sqrt(D)``."""
     hint = getattr(mask, "sdpa_hint", None)
-    if hint is not None and mask.shape[-2] == q.shape[-2] and mask.shape[-1] == k.shape[-2]:
-        if hint == "none":
+    if hint is not None and mask.shape[-1] == k.shape[-2]:
+        if hint == "none":                                    # any number of query rows
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=enable_gqa, scale=scale)
-        if hint == "causal" and q.shape[-2] == k.shape[-2]:
+        if hint == "causal" and mask.shape[-2] == q.shape[-2] == k.shape[-2]:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                   enable_gqa=enable_gqa, scale=scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=enable_gqa,
@@ -73,7 +73,7 @@ class Attention(PackedWeights, nn.Module):
         three. Without gradients it is :func:`tokenflow.fused.packed_rows` (one copy of the
         weights, no copy per call); with gradients on (training) a ``torch.cat`` of the three,
         through which gradients reach each projection."""
-        ws = (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
+        ws = linear_weights(self, ("q_proj", "k_proj", "v_proj"))   # (q_proj.weight, ...)
         if torch.is_grad_enabled():
             return torch.cat(ws)
         return packed_rows(self, "qkv", ws)
@@ -100,9 +100,12 @@ class Attention(PackedWeights, nn.Module):
         qkv = F.linear(x, self.qkv_weight())                          # [B, S, (nh+2*nkv)*D]
         qkv = qkv.view(B, S, nh + 2 * nkv, D).transpose(1, 2)         # [B, nh+2*nkv, S, D]
         # Q and K heads side by side, so that one RoPE call rotates both (fewer ops per step).
-        qk = apply_rope(qkv[:, :nh + nkv], cos, sin)                  # [B, nh+nkv, S, D]
-        q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv:]           # [B,nh,S,D], [B,nkv,S,D] x2
-        where, mask, start = f"layer {self.layer_idx} attention", step.mask, step.start
+        qk, v = qkv.split((nh + nkv, nkv), dim=1)                     # [B,nh+nkv,S,D], [B,nkv,S,D]
+        qk = apply_rope(qk, cos, sin)
+        q, k = qk.split((nh, nkv), dim=1)                             # [B,nh,S,D], [B,nkv,S,D]
+        mask = step.mask
+        if trace is not None:
+            where, start = f"layer {self.layer_idx} attention", step.start
         if kv_cache is not None:
             k_all, v_all = kv_cache.update(self.layer_idx, step, k, v)   # [B, nkv, L, D]
             if trace is not None:
@@ -119,9 +122,16 @@ class Attention(PackedWeights, nn.Module):
             weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
             out = weights @ vr                                            # [B, nh, S, D]
             trace.attention_weights[self.layer_idx] = weights.detach()
+        elif S == 1 and nkv != nh:
+            # Decode with GQA: the nh/nkv query heads that share a KV head read the same K and
+            # V, so they become the rows of one query block against that head (a [rep, D] by
+            # [D, L] product instead of rep [1, D] ones; what decode kernels call GQA packing).
+            # Head h = g*rep + r uses KV head g, as enable_gqa would; same values, faster.
+            out = _sdpa(q.reshape(B, nkv, nh // nkv, D), k_all, v_all, mask)
+            out = out.reshape(B, nh, 1, D)                                # [B, nh, 1, D]
         else:
-            out = _sdpa(q, k_all, v_all, mask, self.n_kv != self.n_heads)
-        out = self.o_proj(out.transpose(1, 2).reshape(B, S, self.n_heads * D))  # [B, S, H]
+            out = _sdpa(q, k_all, v_all, mask, nkv != nh)
+        out = self.o_proj(out.transpose(1, 2).reshape(B, S, nh * D))     # [B, S, H]
         if trace is not None:
             trace.record("read KV", where, q, out, nbytes=k_all.nbytes + v_all.nbytes,
                          note=f"Q [B,{self.n_heads},{S},{D}] reads K/V "

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .fused import PackedWeights, packed_rows
+from .fused import PackedWeights, linear_weights, packed_rows
 
 __all__ = ["FFN"]
 
@@ -49,4 +49,4 @@ class FFN(PackedWeights, nn.Module):
         """``gate_proj`` and ``up_proj`` as one ``[2I, H]`` matrix (gate rows first, HF's
         ``gate_up_proj`` layout): :func:`tokenflow.fused.packed_rows`, one copy of the
         weights. Inference only (no gradient reaches the projections through it)."""
-        return packed_rows(self, "gate_up", (self.gate_proj.weight, self.up_proj.weight))
+        return packed_rows(self, "gate_up", linear_weights(self, ("gate_proj", "up_proj")))

@@ -279,15 +279,14 @@ class KVCache(CacheStorage):
                ) -> tuple[torch.Tensor, ...]:
         """See :meth:`CacheStorage.update`: slots ``[step.start, step.start+S)``."""
         bufs = self.layers[layer_idx]
-        start = step.start
-        end = start + new[0].shape[2]
+        start, S = step.start, new[0].shape[2]
         for buf, x in zip(bufs, new):
-            buf[:, :, start:end] = x
-        return tuple(buf[:, :, :end] for buf in bufs)
+            buf.narrow(2, start, S).copy_(x)          # buf[:, :, start:start+S] = x
+        return tuple(buf.narrow(2, 0, start + S) for buf in bufs)        # buf[:, :, :end]
 
     def read(self, layer_idx: int, stop: int) -> tuple[torch.Tensor, ...]:
         """See :meth:`CacheStorage.read`."""
-        return tuple(buf[:, :, :stop] for buf in self.layers[layer_idx])
+        return tuple(buf.narrow(2, 0, stop) for buf in self.layers[layer_idx])
 
     def reset(self) -> None:
         """See :meth:`CacheStorage.reset`: the next ``prefill`` starts a new sequence."""

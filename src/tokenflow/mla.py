@@ -63,7 +63,8 @@ class MLAttention(nn.Module):
         self.r, self.dn, self.dr, self.dv = (c.kv_lora_rank, c.qk_nope_head_dim,
                                              c.qk_rope_head_dim, c.v_head_dim)
         H, nh, dq = c.hidden_size, c.num_attention_heads, c.qk_nope_head_dim + c.qk_rope_head_dim
-        if c.q_lora_rank is None:
+        self.q_lora = c.q_lora_rank is not None        # query through a low-rank bottleneck
+        if not self.q_lora:
             self.q_proj = nn.Linear(H, nh * dq, bias=False)
         else:
             self.q_a_proj = nn.Linear(H, c.q_lora_rank, bias=False)
@@ -81,8 +82,8 @@ class MLAttention(nn.Module):
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [B,S,H]`` -> ``q_nope [B,nh,S,dn]``, ``q_rope [B,nh,S,dr]`` (rotated)."""
         B, S, _ = x.shape
-        q = self.q_proj(x) if hasattr(self, "q_proj") else \
-            self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else \
+            self.q_proj(x)
         q = q.view(B, S, self.n_heads, self.dn + self.dr).transpose(1, 2)  # [B, nh, S, dn+dr]
         q_nope, q_rope = q.split([self.dn, self.dr], dim=-1)
         return q_nope, apply_rope(q_rope, cos, sin)
@@ -150,7 +151,8 @@ class MLAttention(nn.Module):
         B, S, _ = x.shape
         q_nope, q_rope = self.query(x, cos, sin)
         latent, k_rope = self.latent(x, cos, sin)
-        where = f"layer {self.layer_idx} attention (MLA)"
+        if trace is not None:
+            where = f"layer {self.layer_idx} attention (MLA)"
         if kv_cache is not None:
             latent, k_rope = kv_cache.update(self.layer_idx, step, latent, k_rope)
             if trace is not None:
@@ -175,5 +177,9 @@ class MLAttention(nn.Module):
 
 
 def _softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Masked softmax over keys, in float32 (as HF's eager attention)."""
-    return scores.masked_fill(~mask, float("-inf")).float().softmax(dim=-1).to(scores.dtype)
+    """Masked softmax over keys, in float32 (as HF's eager attention). A mask that
+    :func:`~tokenflow.kv_cache.attention_mask_for` marked as hiding no key (``sdpa_hint ==
+    "none"``, every decode step without padding) is skipped: same values, two ops fewer."""
+    if getattr(mask, "sdpa_hint", None) != "none" or mask.shape[-1] != scores.shape[-1]:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.float().softmax(dim=-1).to(scores.dtype)

@@ -50,7 +50,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .ffn import FFN
-from .fused import PackedWeights, packed_rows
+from .fused import PackedWeights, linear_weights, packed_rows
 
 __all__ = ["Router", "MoE", "route", "route_reference", "check_top_k", "Dispatch", "dispatch",
            "run_experts", "combine", "moe_reference_loop", "expert_capacity", "load_stats",
@@ -405,12 +405,14 @@ class MoE(PackedWeights, nn.Module):
         ``load_state_dict(assign=True)``, a new expert module), this call notices (the views'
         data pointers changed) and stacks again.
         """
-        E = len(self.experts)
-        I, H = self.experts[0].gate_proj.weight.shape
-        gate_up = [w for f in self.experts for w in (f.gate_proj.weight, f.up_proj.weight)]
+        experts = self.experts._modules.values()      # (the Module.__getattr__-free reads
+        gate_up = [w for f in experts                  # of tokenflow.fused.linear_weights)
+                   for w in linear_weights(f, ("gate_proj", "up_proj"))]
+        down = [linear_weights(f, ("down_proj",))[0] for f in experts]
+        E, (H, I) = len(down), down[0].shape
         before = self.__dict__.get("_packed", {}).get("gate_up")
         gate_up = packed_rows(self, "gate_up", gate_up)                   # [E*2I, H]
-        down = packed_rows(self, "down", [f.down_proj.weight for f in self.experts])
+        down = packed_rows(self, "down", down)                            # [E*H, I]
         if self._packed["gate_up"] is not before:      # stacked again: the experts' own
             for f in self.experts:                     # packed gate_up views are stale
                 f.__dict__.pop("_packed", None)

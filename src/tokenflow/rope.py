@@ -138,9 +138,27 @@ class RotaryEmbedding(nn.Module):
         return self.cos[idx], self.sin[idx]
 
 
+_SIGNS: dict[tuple, torch.Tensor] = {}
+
+
+def _half_signs(x: torch.Tensor) -> torch.Tensor:
+    """``[-1]*(D/2) + [1]*(D/2)`` in ``x``'s dtype and device (built once per kind, outside
+    inference mode so that autograd may save it)."""
+    key = (x.shape[-1], x.dtype, x.device)
+    signs = _SIGNS.get(key)
+    if signs is None:
+        with torch.inference_mode(False), torch.no_grad():
+            signs = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+            signs[:x.shape[-1] // 2] = -1
+        _SIGNS[key] = signs
+    return signs
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    """``[x1, x2] -> [-x2, x1]`` over the last dim: the halves swapped (one ``roll``), then
+    the new first half negated (a product with +-1, exact). Same values as
+    ``cat([-x2, x1])``, in two ops instead of four (a decode step calls it on every layer)."""
+    return x.roll(x.shape[-1] // 2, dims=-1).mul_(_half_signs(x))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
