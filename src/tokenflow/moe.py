@@ -143,12 +143,11 @@ def route(x: torch.Tensor, weight: torch.Tensor, top_k: int, *, scoring_func: st
         choice = scores if bias is None else scores + bias.float()        # [T, E]
     if n_group > 1:
         grouped = choice.view(T, n_group, E // n_group)                   # [T, G, E/G]
-        best2 = grouped.sort(dim=-1, descending=True).values[..., :min(2, E // n_group)]
+        best2 = grouped.topk(min(2, E // n_group), dim=-1).values         # [T, G, 2]
         group_scores = best2.sum(-1)                                      # [T, G]
         keep = _stable_topk(group_scores, topk_group)                     # [T, topk_group]
-        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
-        expert_mask = group_mask.repeat_interleave(E // n_group, dim=1)   # [T, E]
-        choice = choice.masked_fill(~expert_mask, float("-inf"))          # [T, E]
+        dropped = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, keep, False)
+        choice = grouped.masked_fill(dropped[..., None], float("-inf")).view(T, E)  # [T, E]
     indices = _stable_topk(choice, top_k)                                 # [T, K]
     weights = scores.gather(1, indices)                                   # [T, K] unbiased
     if norm_topk_prob:
