@@ -610,3 +610,40 @@ def test_rotate_half_equals_the_concatenated_form_and_its_gradient():
         with torch.inference_mode():
             y = torch.randn(1, 2, 1, D)
             assert torch.equal(_rotate_half(y), torch.cat([-y[..., D // 2:], y[..., :D // 2]], -1))
+
+
+def test_half_signs_follow_each_dtype_and_device(monkeypatch):
+    """The cached +-1 signs of ``_rotate_half`` are built per kind of input: the same D in
+    another dtype or on another device gets its own signs (``[-1]*(D/2) + [1]*(D/2)``, in the
+    input's dtype and on its device), and the rotation stays ``cat([-x2, x1])`` for each."""
+    from tokenflow import rope
+    monkeypatch.setattr(rope, "_SIGNS", {})                 # this test builds every entry
+    D = 12
+    m = rope._half_signs(torch.empty(1, 2, 1, D, device="meta"))    # a device without data
+    assert m.device.type == "meta" and m.shape == (D,)
+    expected = torch.tensor([-1.0] * (D // 2) + [1.0] * (D // 2))
+    for dtype in (torch.float16, torch.float64, torch.bfloat16, torch.float32):
+        x = torch.randn(2, 3, 1, D).to(dtype)
+        signs = rope._half_signs(x)
+        assert signs.dtype == dtype and signs.device == x.device
+        assert torch.equal(signs.float(), expected)
+        out = rope._rotate_half(x)
+        assert out.dtype == dtype
+        assert torch.equal(out, torch.cat([-x[..., D // 2:], x[..., :D // 2]], dim=-1))
+
+
+def test_rotate_half_gradient_after_signs_built_in_inference_mode(monkeypatch):
+    """Signs first built inside ``torch.inference_mode`` (generation) are still usable by
+    autograd afterwards (training the same model): the rotation's gradient is the
+    concatenated form's."""
+    from tokenflow import rope
+    monkeypatch.setattr(rope, "_SIGNS", {})
+    D = 10
+    with torch.inference_mode():
+        y = torch.randn(1, 2, 1, D)
+        assert torch.equal(rope._rotate_half(y), torch.cat([-y[..., D // 2:], y[..., :D // 2]], -1))
+    x = torch.randn(2, 3, 4, D, requires_grad=True)
+    g = torch.randn(2, 3, 4, D)
+    (ga,) = torch.autograd.grad(rope._rotate_half(x), x, g)
+    (gb,) = torch.autograd.grad(torch.cat([-x[..., D // 2:], x[..., :D // 2]], -1), x, g)
+    assert torch.equal(ga, gb) and ga.abs().sum() > 0
