@@ -8,6 +8,12 @@ cache with a 16-token prompt, warms up, then profiles ``--steps`` decode steps (
 activities, ``torch.set_num_threads(2)`` unless ``--threads``) and prints the ops sorted by self CPU time, per
 step (totals divided by the number of steps), plus the step's wall time and the share of it
 spent inside matrix products (``aten::mm`` / ``addmm`` / ``bmm`` / ``_grouped_mm``).
+
+``--split`` adds a profiler-free split of the unprofiled step: the wall time of every
+``F.linear`` call inside the step (each call timed with ``perf_counter``), the same calls on the
+same weights back to back in a loop (the benchmark's floor for this step), and the rest of the
+step (norms, RoPE, cache writes, SDPA, routing, Python). The MoE's grouped products
+(``torch._grouped_mm``, batch > 1) count as "rest".
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -35,12 +42,14 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=20, help="table rows to print")
     ap.add_argument("--threads", type=int, default=THREADS,
                     help="torch threads (1 is steadier on a busy machine)")
+    ap.add_argument("--split", action="store_true",
+                    help="also time the step's F.linear calls inside the step vs back to back")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, _ = build_pair(args.preset, hf=False)
     ids = torch.randint(3, model.config.vocab_size, (args.batch, 16),
                         generator=torch.Generator().manual_seed(0))
-    cache = KVCache(model.config, args.batch, 16 + 3 * args.steps + 8)
+    cache = KVCache(model.config, args.batch, 16 + 4 * args.steps + 8)
     tok = prefill(model, ids, cache).argmax(-1)
     for _ in range(args.steps):                                           # warm-up
         tok = decode_step(model, tok, cache).argmax(-1)
@@ -51,6 +60,8 @@ def main() -> None:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(args.steps):
             tok = decode_step(model, tok, cache).argmax(-1)
+    if args.split:
+        print(linear_split(model, tok, cache, args.steps))
     events = prof.key_averages()
     mm = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS) / args.steps
     ops = sum(e.count for e in events) / args.steps
@@ -64,6 +75,41 @@ def main() -> None:
         print(f"| {e.key} | {e.count / args.steps:.0f} | "
               f"{e.self_cpu_time_total / args.steps / 1e3:.3f} | "
               f"{100 * e.self_cpu_time_total / total:.0f}% |")
+
+
+def linear_split(model, tok, cache, steps: int) -> str:
+    """One line: a decode step's ``F.linear`` time inside the step, the same calls back to back,
+    and the rest of the step (best of ``steps`` steps each, milliseconds)."""
+    real, calls = F.linear, []
+
+    def timed(x, w, b=None):
+        t = time.perf_counter()
+        y = real(x, w, b)
+        calls.append((time.perf_counter() - t, x, w))
+        return y
+    best = None
+    F.linear = timed                                  # nn.Linear and our modules call F.linear
+    try:
+        for _ in range(steps):
+            calls.clear()
+            t = time.perf_counter()
+            tok = decode_step(model, tok, cache).argmax(-1)
+            step, inside = time.perf_counter() - t, sum(c[0] for c in calls)
+            if best is None or step < best[0]:
+                best = (step, inside, [(x, w) for _, x, w in calls])
+    finally:
+        F.linear = real
+    step, inside, xw = best
+    loop = []
+    with torch.inference_mode():
+        for _ in range(steps):
+            t = time.perf_counter()
+            for x, w in xw:
+                real(x, w)
+            loop.append(time.perf_counter() - t)
+    return (f"# split of the best step ({step * 1e3:.2f} ms): {len(xw)} F.linear calls "
+            f"{inside * 1e3:.2f} ms inside the step, {min(loop) * 1e3:.2f} ms back to back; "
+            f"the rest {(step - inside) * 1e3:.2f} ms")
 
 
 if __name__ == "__main__":
