@@ -125,7 +125,7 @@ class Attention(PackedWeights, nn.Module):
         elif S == 1 and nkv != nh:
             # Decode with GQA: the nh/nkv query heads that share a KV head read the same K and
             # V, so they become the rows of one query block against that head (a [rep, D] by
-            # [D, L] product instead of rep [1, D] ones; what decode kernels call GQA packing).
+            # [D, L] product instead of rep [1, D] ones: one read of the K/V serves rep queries).
             # Head h = g*rep + r uses KV head g, as enable_gqa would; same values, faster.
             out = _sdpa(q.reshape(B, nkv, nh // nkv, D), k_all, v_all, mask)
             out = out.reshape(B, nh, 1, D)                                # [B, nh, 1, D]
