@@ -15,6 +15,7 @@ per output and exits 1 if any differs.
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = r'''
-import inspect, sys, torch
+import inspect, json, sys, torch
 if sys.argv[1] != "-":
     sys.path.insert(0, sys.argv[1])
 import tokenflow
@@ -68,11 +69,9 @@ with torch.inference_mode():
             res[f"{label} b{B} forward"] = m(ids)
     # multi-head latent attention (DeepSeek-V3 in miniature: q-LoRA, sigmoid routing with
     # groups, a shared expert); skipped for revisions from before MLA existed
+    base, overrides = json.loads(sys.argv[3])           # _common.EXTRA["tiny-mla"]
     try:
-        cfg = preset("tiny", max_position_embeddings=256, num_key_value_heads=4, q_lora_rank=24,
-                     kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
-                     head_dim=8, scoring_func="sigmoid", norm_topk_prob=True,
-                     routed_scaling_factor=2.5, n_group=4, topk_group=2)
+        cfg = preset(base, max_position_embeddings=256, **overrides)
     except (TypeError, ValueError):
         cfg = None
     if cfg is not None:
@@ -100,6 +99,9 @@ def main() -> int:
         return 2
     rev = sys.argv[1]
     import torch
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _common import EXTRA
+    mla = json.dumps(EXTRA["tiny-mla"])                     # the benchmark's MLA config
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "src/tokenflow"],
@@ -110,7 +112,7 @@ def main() -> int:
         out = {}
         for label, path in (("old", str(tmp / "src")), ("new", "-")):
             dest = tmp / f"{label}.pt"
-            subprocess.run([sys.executable, str(probe), path, str(dest)], check=True)
+            subprocess.run([sys.executable, str(probe), path, str(dest), mla], check=True)
             out[label] = torch.load(dest)
     bad = 0
     for key, old in out["old"].items():

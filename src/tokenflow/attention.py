@@ -28,18 +28,25 @@ __all__ = ["RotaryEmbedding", "apply_rope", "Attention", "attention_mask_for",
            "attention_steps", "trace_attention_step"]
 
 
+def _hides_no_key(mask: torch.Tensor, num_keys: int) -> bool:
+    """True if ``mask`` (``[..., L]``) was marked by :func:`attention_mask_for` as hiding no
+    key (``sdpa_hint == "none"``: an unpadded decode step) and still has ``num_keys`` keys;
+    then attention may skip the mask (SDPA without ``attn_mask``, a softmax without
+    ``masked_fill``) with the same values."""
+    return getattr(mask, "sdpa_hint", None) == "none" and mask.shape[-1] == num_keys
+
+
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
           enable_gqa: bool = False, scale: float | None = None) -> torch.Tensor:
     """SDPA with ``mask``, or without a mask tensor when :func:`attention_mask_for` marked it
     as "no key masked" / "plain causal" (and its shape still fits): same values, faster.
     ``scale`` defaults to SDPA's ``1 / sqrt(D)``."""
-    hint = getattr(mask, "sdpa_hint", None)
-    if hint is not None and mask.shape[-1] == k.shape[-2]:
-        if hint == "none":                                    # any number of query rows
-            return F.scaled_dot_product_attention(q, k, v, enable_gqa=enable_gqa, scale=scale)
-        if hint == "causal" and mask.shape[-2] == q.shape[-2] == k.shape[-2]:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                  enable_gqa=enable_gqa, scale=scale)
+    if _hides_no_key(mask, k.shape[-2]):                       # any number of query rows
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=enable_gqa, scale=scale)
+    if getattr(mask, "sdpa_hint", None) == "causal" and \
+            mask.shape[-2] == mask.shape[-1] == q.shape[-2] == k.shape[-2]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                              enable_gqa=enable_gqa, scale=scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=enable_gqa,
                                           scale=scale)
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import _sdpa
+from .attention import _sdpa, _hides_no_key
 from .config import ModelConfig
 from .kv_cache import CacheStep
 from .norm import RMSNorm
@@ -180,6 +180,6 @@ def _softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Masked softmax over keys, in float32 (as HF's eager attention). A mask that
     :func:`~tokenflow.kv_cache.attention_mask_for` marked as hiding no key (``sdpa_hint ==
     "none"``, every decode step without padding) is skipped: same values, two ops fewer."""
-    if getattr(mask, "sdpa_hint", None) != "none" or mask.shape[-1] != scores.shape[-1]:
+    if not _hides_no_key(mask, scores.shape[-1]):
         scores = scores.masked_fill(~mask, float("-inf"))
     return scores.float().softmax(dim=-1).to(scores.dtype)

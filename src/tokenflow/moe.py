@@ -404,14 +404,11 @@ class MoE(PackedWeights, nn.Module):
         ``load_state_dict(assign=True)``, a new expert module), this call notices (the views'
         data pointers changed) and stacks again.
         """
-        experts = self.experts._modules.values()      # (the Module.__getattr__-free reads
-        gate_up = [w for f in experts                  # of tokenflow.fused.linear_weights)
-                   for w in linear_weights(f, ("gate_proj", "up_proj"))]
-        down = [linear_weights(f, ("down_proj",))[0] for f in experts]
-        E, (H, I) = len(down), down[0].shape
+        ws = [linear_weights(f, ("gate_proj", "up_proj", "down_proj")) for f in self.experts]
+        E, (H, I) = len(ws), ws[0][2].shape
         before = self.__dict__.get("_packed", {}).get("gate_up")
-        gate_up = packed_rows(self, "gate_up", gate_up)                   # [E*2I, H]
-        down = packed_rows(self, "down", down)                            # [E*H, I]
+        gate_up = packed_rows(self, "gate_up", [w for g, u, _ in ws for w in (g, u)])  # [E*2I, H]
+        down = packed_rows(self, "down", [d for _, _, d in ws])                        # [E*H, I]
         if self._packed["gate_up"] is not before:      # stacked again: the experts' own
             for f in self.experts:                     # packed gate_up views are stale
                 f.__dict__.pop("_packed", None)
