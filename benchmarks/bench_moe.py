@@ -25,8 +25,8 @@ import time
 import torch
 
 from tokenflow import preset
-from tokenflow.expert_parallel import run_expert_parallel
-from tokenflow.moe import MoE, moe_reference_loop
+from tokenflow.parallel.expert_parallel import run_expert_parallel
+from tokenflow.model.moe import MoE, moe_reference_loop
 
 
 def best_of(fn, repeats: int) -> float:

@@ -4,14 +4,14 @@
     .venv/bin/python benchmarks/bench_serving.py --requests 12 --repeats 10
 
 Prints three ratios, each measured in this one run (nothing here is asserted by the tests).
-Times are the best of the repeats (:mod:`tokenflow.phases`, the timers chapter 05 plots).
+Times are the best of the repeats (:mod:`tokenflow.inference.phases`, the timers chapter 05 plots).
 
 1. Decode step time with the KV cache at context 1024 / at context 64 (target <= 2.0): a
    decode step reads the cache, so it grows with the context, but for a small model the
-   fixed per-step work dominates (:func:`tokenflow.phases.time_decode`).
+   fixed per-step work dominates (:func:`tokenflow.inference.phases.time_decode`).
 2. Cached decode vs full recompute at context 512 (target >= 5x): the next token's logits
    from one decode step on a filled cache, against running all 513 tokens again without one
-   (:func:`tokenflow.phases.time_recompute`).
+   (:func:`tokenflow.inference.phases.time_recompute`).
 3. Continuous vs static batching throughput (target >= 1.5x) on a mixed workload (prompts of
    8-64 tokens; most requests want 8-24 new tokens, one in four wants 96-128): seconds to
    serve all requests with :class:`tokenflow.serving.LLMEngine` (``max_num_seqs`` seats
@@ -20,7 +20,7 @@ Times are the best of the repeats (:mod:`tokenflow.phases`, the timers chapter 0
    KV storage (paged; ``--kv-storage contiguous`` for the other).
 
 The shared model is ``load_pretrained()`` with ``max_position_embeddings`` raised to 2048
-(:func:`tokenflow.phases.with_context_length`: the RoPE table only, no weight), so contexts
+(:func:`tokenflow.inference.phases.with_context_length`: the RoPE table only, no weight), so contexts
 of 1024 fit.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 
 from _common import machine
 from tokenflow import load_pretrained
-from tokenflow.phases import time_decode, time_recompute, with_context_length
+from tokenflow.inference.phases import time_decode, time_recompute, with_context_length
 from tokenflow.serving import LLMEngine, SamplingParams
 
 MAX_POS = 2048

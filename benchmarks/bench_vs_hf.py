@@ -10,7 +10,7 @@ multi-head latent attention and sigmoid group routing, DeepseekV3ForCausalLM (``
 ``small-moe``: hidden 512, 8 layers, Mixtral; ``small-dense``: the same, dense, Llama; random
 weights, ``max_position_embeddings`` raised to 2048 so that 1024-token prompts fit):
 
-* decode: new tokens/s of greedy ``generate`` (ours: ``tokenflow.generate``; HF:
+* decode: new tokens/s of greedy ``generate`` (ours: ``tokenflow.inference.generate``; HF:
   ``model.generate(do_sample=False)``, default DynamicCache, SDPA attention, default experts
   backend), batch 1 and 8, 16-token prompt, 128 new tokens (EOS disabled on both sides);
   ``B * 128 / wall seconds`` including the short prefill. Target: ours >= 1.5x HF at batch 1,
@@ -131,7 +131,7 @@ def bench_floor(ours, repeats: int = 10) -> float:
     nothing else. Both implementations must read these weights for every new token, so no
     implementation can beat this floor; ``HF step / floor`` bounds the possible speed-up.
     Timed in two layouts, the separate matrices and the packed ones (q/k/v as one matrix,
-    each FFN's gate/up as one, as ``tokenflow.fused`` runs them): the floor is the faster."""
+    each FFN's gate/up as one, as ``tokenflow.model.fused`` runs them): the floor is the faster."""
     import torch.nn.functional as F
     separate, packed = [], []
     for layer in ours.layers:

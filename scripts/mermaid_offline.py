@@ -1,7 +1,7 @@
 """Sphinx extension: draw ```` ```mermaid ```` blocks in the HTML book with no network access.
 
 The token-flow diagram (``src/tokenflow/data/token_flow.mmd``) reaches the book as a notebook
-output: ``tokenflow.diagram.Diagram`` displays itself as markdown holding a ```` ```mermaid ````
+output: ``tokenflow.viz.diagram.Diagram`` displays itself as markdown holding a ```` ```mermaid ````
 fence (which JupyterLab 4.1+ draws itself). _config.yml renders notebook markdown outputs as
 MyST (``nb_render_markdown_format: myst``) and maps the fence to the ``mermaid`` directive
 (``myst_fence_as_directive``); this extension defines that directive. It writes the source

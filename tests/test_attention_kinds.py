@@ -1,4 +1,4 @@
-"""Cache per attention kind (tokenflow.attention_kinds): hand computations, Hugging Face
+"""Cache per attention kind (tokenflow.analysis.attention_kinds): hand computations, Hugging Face
 Qwen3-Next's real cache tensors and gated-delta-rule reference, and chapter 8's stored table."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 from transformers.models.qwen3_next.modeling_qwen3_next import (
     torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule)
 
-from tokenflow import costmodel
-from tokenflow.attention_kinds import (CacheLayout, example_layouts, gated_delta_rule,
+from tokenflow.analysis import costmodel
+from tokenflow.analysis.attention_kinds import (CacheLayout, example_layouts, gated_delta_rule,
                                        gated_deltanet_state_elements, hybrid_layout,
                                        kv_per_token_table, sparse_decode_reads, with_kv_heads)
 
@@ -155,7 +155,7 @@ def test_chapter8_table_is_the_library_output():
     """The KV-per-token table stored in notebooks/08_further.ipynb is the library's output,
     not typed in: its text form (what nbval compares) and its rows, recomputed here from
     each layout's bytes() at each context."""
-    from tokenflow.widgets import kv_per_token_view
+    from tokenflow.viz import kv_per_token_view
     nb = json.loads((ROOT / "notebooks" / "08_further.ipynb").read_text(encoding="utf-8"))
     texts = ["".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
              for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]

@@ -8,15 +8,16 @@ import torch
 import torch.nn.functional as F
 
 from tokenflow import KVCache, TokenFlowModel, Trace, decode_step, prefill
-from tokenflow.attention import attention_mask_for, attention_steps, trace_attention_step
-from tokenflow.config import preset
-from tokenflow.kv_cache import CacheStep
-from tokenflow.costmodel import (kv_cache_bytes_per_token, mla_kv_cache_bytes_per_token,
+from tokenflow.model.attention import attention_mask_for, attention_steps, trace_attention_step
+from tokenflow.model.config import preset
+from tokenflow.model.kv_cache import CacheStep
+from tokenflow.analysis.costmodel import (kv_cache_bytes_per_token, mla_kv_cache_bytes_per_token,
                                  reference_config, reference_models)
-from tokenflow.kv_cache import format_bytes, kv_cache_size
-from tokenflow.plots import (attention_context_plot, attention_head_heatmap,
+from tokenflow.viz.fmt import format_bytes
+from tokenflow.analysis.attention_kinds import kv_cache_size
+from tokenflow.viz import (attention_context_plot, attention_head_heatmap,
                              kv_cache_growth_plot, shape_flow)
-from tokenflow.widgets import attention_explorer, kv_cache_explorer, kv_cache_summary
+from tokenflow.viz import attention_explorer, kv_cache_explorer, kv_cache_summary
 from conftest import random_model
 
 matplotlib.use("Agg")
@@ -426,7 +427,7 @@ def test_plots_and_widgets_build(traced_prompt):
 def test_sdpa_fast_paths_equal_the_masked_call(start, S, pad):
     """Masks that only encode causality carry ``sdpa_hint``; the hinted SDPA call (no mask
     tensor / ``is_causal``) gives the masked call's values."""
-    from tokenflow.attention import attention_mask_for
+    from tokenflow.model.attention import attention_mask_for
     model = random_model()
     attn = model.layers[0].self_attn
     B, L = 2, start + S
@@ -486,7 +487,7 @@ def test_begin_step_without_mask_equals_a_mask_of_ones():
 def test_unpadded_masks_follow_the_rule(start, S):
     """The no-padding shortcuts of attention_mask_for build the same mask as the rule
     "a query sees keys at or before its own slot"."""
-    from tokenflow.attention import attention_mask_for
+    from tokenflow.model.attention import attention_mask_for
     valid = torch.ones(2, start + S + 2, dtype=torch.bool)
     L = start + S
     want = torch.tensor([[k <= start + i for k in range(L)] for i in range(S)])
@@ -597,7 +598,7 @@ def test_decode_attention_equals_repeated_kv_heads(heads, kv_heads, pad):
 def test_rotate_half_equals_the_concatenated_form_and_its_gradient():
     """``_rotate_half`` (one roll, one product with +-1) is ``cat([-x2, x1])`` exactly, in
     and out of inference mode, and passes the same gradient back."""
-    from tokenflow.rope import _rotate_half
+    from tokenflow.model.rope import _rotate_half
     for D in (2, 8, 64):
         x = torch.randn(2, 3, 5, D, dtype=torch.float64, requires_grad=True)
         ref = torch.cat([-x[..., D // 2:], x[..., :D // 2]], dim=-1)
@@ -616,7 +617,7 @@ def test_half_signs_follow_each_dtype_and_device(monkeypatch):
     """The cached +-1 signs of ``_rotate_half`` are built per kind of input: the same D in
     another dtype or on another device gets its own signs (``[-1]*(D/2) + [1]*(D/2)``, in the
     input's dtype and on its device), and the rotation stays ``cat([-x2, x1])`` for each."""
-    from tokenflow import rope
+    from tokenflow.model import rope
     monkeypatch.setattr(rope, "_SIGNS", {})                 # this test builds every entry
     D = 12
     m = rope._half_signs(torch.empty(1, 2, 1, D, device="meta"))    # a device without data
@@ -636,7 +637,7 @@ def test_rotate_half_gradient_after_signs_built_in_inference_mode(monkeypatch):
     """Signs first built inside ``torch.inference_mode`` (generation) are still usable by
     autograd afterwards (training the same model): the rotation's gradient is the
     concatenated form's."""
-    from tokenflow import rope
+    from tokenflow.model import rope
     monkeypatch.setattr(rope, "_SIGNS", {})
     D = 10
     with torch.inference_mode():

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from tokenflow import TokenFlowModel, preset
-from tokenflow.costmodel import active_param_count, param_count
+from tokenflow.analysis.costmodel import active_param_count, param_count
 
 
 def _counted(model: TokenFlowModel, include_embedding: bool) -> int:
@@ -46,8 +46,8 @@ def test_active_is_less_than_total_exactly_by_the_unused_experts():
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from tokenflow import KVCache, Trace  # noqa: E402
-from tokenflow.costmodel import expected_experts_touched, forward_bytes  # noqa: E402
-from tokenflow.roofline import forward_flops  # noqa: E402
+from tokenflow.analysis.costmodel import expected_experts_touched, forward_bytes  # noqa: E402
+from tokenflow.analysis.roofline import forward_flops  # noqa: E402
 
 _DENSE = dict(num_experts=0, num_experts_per_tok=0, num_shared_experts=0)
 
@@ -131,11 +131,11 @@ import math  # noqa: E402
 import transformers  # noqa: E402
 
 from tokenflow import ModelConfig  # noqa: E402
-from tokenflow.costmodel import (active_param_breakdown, kv_cache_bytes,  # noqa: E402
+from tokenflow.analysis.costmodel import (active_param_breakdown, kv_cache_bytes,  # noqa: E402
                                  kv_cache_bytes_per_token, max_batch_size,
                                  moe_comm_bytes_per_token, param_breakdown, reference_config,
                                  reference_models, weight_bytes_per_device)
-from tokenflow.config import PRESETS  # noqa: E402
+from tokenflow.model.config import PRESETS  # noqa: E402
 
 
 def _published(text: str) -> float:

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from tokenflow import COLORS, TokenFlowModel, preset
-from tokenflow.diagram import (DIAGRAM_PATH, TRACE_NODE, diagram_trace_table, load_diagram,
+from tokenflow.viz.diagram import (DIAGRAM_PATH, TRACE_NODE, diagram_trace_table, load_diagram,
                                node_of, parse_mermaid, token_flow_diagram, trace_decode_step)
-from tokenflow.trace import TraceEvent
+from tokenflow.analysis.trace import TraceEvent
 
 ROOT = Path(__file__).resolve().parents[1]
 # Seed, section 1: "底部 Arrow actions 把关键箭头动作单独列出来：lookup、[B,S] -> [B,S,H]、

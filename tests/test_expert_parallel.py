@@ -5,10 +5,10 @@ timeout; the whole file takes a few seconds."""
 import pytest
 import torch
 
-from tokenflow.costmodel import moe_a2a_bytes
-from tokenflow.expert_parallel import (EPResult, demo_moe, expert_owner, run_expert_parallel,
+from tokenflow.analysis.costmodel import moe_a2a_bytes
+from tokenflow.parallel.expert_parallel import (EPResult, demo_moe, expert_owner, run_expert_parallel,
                                        simulate_routing, traffic_matrix)
-from tokenflow.moe import moe_inputs
+from tokenflow.model.moe import moe_inputs
 
 ATOL, RTOL = 1e-5, 1e-4          # float32, same weights; only the matmul batch sizes differ
 
@@ -138,11 +138,11 @@ def test_spawn_start_method_works():
 
 
 def test_module_entry_point_runs_without_warnings():
-    """``python -m tokenflow.expert_parallel`` prints its report and no runpy warning
+    """``python -m tokenflow.parallel.expert_parallel`` prints its report and no runpy warning
     (the forkserver must not preload the module that is itself ``__main__``)."""
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-W", "default", "-m", "tokenflow.expert_parallel",
+    r = subprocess.run([sys.executable, "-W", "default", "-m", "tokenflow.parallel.expert_parallel",
                         "--nproc", "2", "--tokens", "16"],
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""Packed projection weights (tokenflow.fused, issue F11): one copy of every weight, the packed
+"""Packed projection weights (tokenflow.model.fused, issue F11): one copy of every weight, the packed
 products equal the separate ones, and replaced or updated weights always reach the packed
 path."""
 import pytest
@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from tokenflow import KVCache, TokenFlowModel, preset
-from tokenflow.attention import Attention
-from tokenflow.ffn import FFN
-from tokenflow.fused import packed_rows
-from tokenflow.kv_cache import uncached_step
+from tokenflow.model.attention import Attention
+from tokenflow.model.ffn import FFN
+from tokenflow.model.fused import packed_rows
+from tokenflow.model.kv_cache import uncached_step
 
 
 def _attn_and_inputs(seed=0, **overrides):
@@ -20,7 +20,7 @@ def _attn_and_inputs(seed=0, **overrides):
         torch.nn.init.normal_(p, std=0.1)
     x = torch.randn(2, 5, cfg.hidden_size)
     step = uncached_step(None, torch.zeros(2, 5, dtype=torch.long))
-    from tokenflow.rope import RotaryEmbedding
+    from tokenflow.model.rope import RotaryEmbedding
     cos, sin = RotaryEmbedding(cfg)(step.positions)
     return attn, x, cos, sin, step
 
@@ -233,7 +233,7 @@ def test_gradients_reach_every_projection_in_eval_mode():
 def test_linear_weights_reads_the_registered_weights():
     """``linear_weights`` returns what attribute access returns, follows a replaced module or
     Parameter, and names a missing child with a KeyError."""
-    from tokenflow.fused import linear_weights
+    from tokenflow.model.fused import linear_weights
     attn, x, cos, sin, step = _attn_and_inputs()
     ws = linear_weights(attn, ("q_proj", "k_proj", "v_proj"))
     assert all(a is b for a, b in zip(ws, (attn.q_proj.weight, attn.k_proj.weight,

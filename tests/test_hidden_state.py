@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from tokenflow import KVCache, Trace
-from tokenflow.costmodel import reference_config, reference_models
-from tokenflow.plots import hidden_state_heatmap, residual_stream_plot
-from tokenflow.widgets import (hidden_size_explorer, hidden_state_sizes, residual_stream_explorer,
+from tokenflow.analysis.costmodel import reference_config, reference_models
+from tokenflow.viz import hidden_state_heatmap, residual_stream_plot
+from tokenflow.viz import (hidden_size_explorer, hidden_state_sizes, residual_stream_explorer,
                                residual_stream_summary, size_table, tensor_table)
 
 matplotlib.use("Agg")

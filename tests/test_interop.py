@@ -17,8 +17,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from tokenflow import KVCache, ModelConfig, TokenFlowModel, decode_step, generate, preset, prefill
 from tokenflow import interop
-from tokenflow.moe import MoE
-from tokenflow.rope import rope_inv_freq
+from tokenflow.model.moe import MoE
+from tokenflow.model.rope import rope_inv_freq
 
 ATOL = 1e-4
 PROMPTS = ["北京是中国的首", "东京是日本的", "Paris is the capital of", "伦敦在", "The"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tokenflow import TokenFlowModel, interop, preset
-from tokenflow.lens import answer_depth, logit_lens, token_rank
+from tokenflow.analysis.logit_lens import answer_depth, logit_lens, token_rank
 
 
 def _random_model(seed: int = 0, **overrides) -> TokenFlowModel:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tokenflow.lenses import BLOCK_MODULES, PIPELINE_STAGES, profile_engine_run
+from tokenflow.analysis.lenses import BLOCK_MODULES, PIPELINE_STAGES, profile_engine_run
 from tokenflow.serving import LLMEngine, SamplingParams, run_with_arrivals
 
 from conftest import random_model, wide_random_model
@@ -134,9 +134,9 @@ def test_lens_bars_and_roofline_panel(capsys):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tokenflow.costmodel import param_count, reference_config
-    from tokenflow.plots import lens_bars, roofline_panel
-    from tokenflow.widgets import roofline_explorer
+    from tokenflow.analysis.costmodel import param_count, reference_config
+    from tokenflow.viz import lens_bars, roofline_panel
+    from tokenflow.viz import roofline_explorer
     fig = lens_bars({"prefill": 0.3, "other": 0.1}, {"attention": 0.25, "other": 0.15})
     assert len(fig.axes[0].patches) == 4
     with pytest.raises(ValueError, match="pipeline"):
@@ -163,9 +163,9 @@ def test_lens_bars_and_roofline_panel(capsys):
 def test_roofline_table_marks_the_bound_and_the_fit():
     """roofline_table shows roofline_summary's three times and marks the largest; a one-node
     DeepSeek-V3 (EP8, FP8 weights: 671B bytes / 8 GPUs > 80 GB) does not fit."""
-    from tokenflow.costmodel import reference_config
-    from tokenflow.plots import roofline_summary
-    from tokenflow.widgets import roofline_static, roofline_table
+    from tokenflow.analysis.costmodel import reference_config
+    from tokenflow.viz import roofline_summary
+    from tokenflow.viz import roofline_static, roofline_table
     ds = reference_config("DeepSeek-V3")
     s = roofline_summary(ds, "H800", "decode", 64, 4096, 32)
     t = roofline_table(s)

@@ -10,8 +10,9 @@ import torch
 import transformers
 
 from tokenflow import KVCache, ModelConfig, Trace, TokenFlowModel, decode_step, prefill
-from tokenflow import costmodel, interop
-from tokenflow.kv_cache import kv_cache_size
+from tokenflow import interop
+from tokenflow.analysis import costmodel
+from tokenflow.analysis.attention_kinds import kv_cache_size
 
 ATOL = 1e-4
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
@@ -249,7 +250,7 @@ def test_cache_of_another_kind_is_rejected():
 
 def test_generate_and_gqa_only_helpers():
     from tokenflow import generate
-    from tokenflow.attention import trace_attention_step
+    from tokenflow.model.attention import trace_attention_step
     model = random_mla(ds_config())
     ids = torch.randint(3, 256, (2, 5))
     out = generate(model, ids, max_new_tokens=6, stop_at_eos=False)

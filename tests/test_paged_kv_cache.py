@@ -9,8 +9,9 @@ sequence's blocks are not contiguous and not in order.
 import pytest
 import torch
 
-from tokenflow import KVCache, PagedKVCache, costmodel, decode_step, prefill
-from tokenflow.kv_cache import cache_entries
+from tokenflow import KVCache, PagedKVCache, decode_step, prefill
+from tokenflow.analysis import costmodel
+from tokenflow.model.kv_cache import cache_entries
 
 from conftest import random_model
 from test_mla import ds_config, random_mla

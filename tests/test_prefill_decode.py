@@ -7,12 +7,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tokenflow import generate, plots  # noqa: E402
-from tokenflow.phases import (best_time, time_decode, time_decode_batch,  # noqa: E402
+from tokenflow import generate, viz as plots  # noqa: E402
+from tokenflow.inference.phases import (best_time, time_decode, time_decode_batch,  # noqa: E402
                               time_prefill, time_recompute, with_context_length)
 from tokenflow.serving import (DECODE, PREFILL, WAIT, LLMEngine, SamplingParams,  # noqa: E402
                                mixed_workload, request_timeline, run_with_arrivals)
-from tokenflow.widgets import serving_explorer  # noqa: E402
+from tokenflow.viz import serving_explorer  # noqa: E402
 
 from conftest import wide_random_model  # noqa: E402
 
@@ -199,7 +199,7 @@ def test_serving_panel_counts_by_hand(model, capsys):
 
 
 def test_timeline_table_lists_every_request(model):
-    from tokenflow.widgets import timeline_table
+    from tokenflow.viz import timeline_table
     engine = LLMEngine(model, num_blocks=32, block_size=4, max_num_seqs=1)
     outs, arr = run_with_arrivals(engine, _prompts(2, [5, 7]),
                                   SamplingParams(3, ignore_eos=True), [0, 0])
@@ -217,7 +217,7 @@ def test_serving_static_tables_count_by_hand(model):
     """The kernel-less explorer's tables hold serving_counts' numbers: 4 requests of 8 + 4
     tokens on 2 seats with blocks of 4 run in two waves of 1 prefill + 3 decode steps (8
     steps), 3 blocks each with no slot left over, 6 blocks busy at once."""
-    from tokenflow.widgets import serving_static, serving_summary_table
+    from tokenflow.viz import serving_static, serving_summary_table
     ids = list(range(4, 40))
     t = serving_summary_table(plots.serving_counts(model, ids, 4, 8, 4, 2, 4))
     assert dict(t.rows)["engine steps"] == 8 and dict(t.rows)["steps with a prefill"] == 2
@@ -231,7 +231,7 @@ def test_serving_static_tables_count_by_hand(model):
 
 
 def test_timeline_view_has_the_rows_of_timeline_table(model):
-    from tokenflow.widgets import timeline_table, timeline_view
+    from tokenflow.viz import timeline_table, timeline_view
     engine = LLMEngine(model, num_blocks=32, block_size=4, max_num_seqs=1)
     outs, arr = run_with_arrivals(engine, _prompts(2, [5, 7]),
                                   SamplingParams(3, ignore_eos=True), [0, 0])

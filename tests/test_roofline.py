@@ -6,8 +6,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from tokenflow import KVCache, TokenFlowModel, preset
-from tokenflow.costmodel import param_breakdown, reference_config
-from tokenflow.roofline import (HARDWARE, flops_per_token, forward_flops, hardware, probe_cpu,
+from tokenflow.analysis.costmodel import param_breakdown, reference_config
+from tokenflow.analysis.roofline import (HARDWARE, flops_per_token, forward_flops, hardware, probe_cpu,
                                 roofline)
 
 
@@ -80,8 +80,8 @@ def test_presets_cite_sources_and_cpu_probe_smoke():
 
 # ---- one bytes formula: roofline's memory term is costmodel.forward_bytes
 from tokenflow import Trace  # noqa: E402
-from tokenflow.costmodel import forward_bytes  # noqa: E402
-from tokenflow.roofline import arithmetic_intensity, ridge_point  # noqa: E402
+from tokenflow.analysis.costmodel import forward_bytes  # noqa: E402
+from tokenflow.analysis.roofline import arithmetic_intensity, ridge_point  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-dense", "Llama-3-8B", "DeepSeek-V3"])

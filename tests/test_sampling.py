@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tokenflow import KVCache, decode_step, generate, prefill
-from tokenflow.sampling import (GREEDY_TEMPERATURE, apply_min_p, apply_temperature,
+from tokenflow.inference.sampling import (GREEDY_TEMPERATURE, apply_min_p, apply_temperature,
                                 apply_top_k, apply_top_p, check_sampling_args, filter_logits,
                                 filter_steps, sample)
 # transformers is a pinned dependency: a missing install fails here instead of skipping.
@@ -400,7 +400,7 @@ def test_apply_temperature_rejects_greedy_temperatures():
 
 
 def test_public_filter_steps_validate_their_argument():
-    from tokenflow.sampling import apply_min_p, apply_top_k, apply_top_p
+    from tokenflow.inference.sampling import apply_min_p, apply_top_k, apply_top_p
     x = torch.randn(2, 10)
     with pytest.raises(ValueError, match="top_k"):
         apply_top_k(x, 0)
@@ -418,8 +418,8 @@ def test_sampling_panel_always_draws_the_sampled_token_in_green():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_hex
-    from tokenflow.plots import sampling_panel
-    from tokenflow.trace import COLORS
+    from tokenflow.viz import sampling_panel
+    from tokenflow.analysis.trace import COLORS
 
     class Names:
         def id_to_token(self, i):

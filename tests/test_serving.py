@@ -1,7 +1,7 @@
 """The serving engine (issue F5): engine output == ``generate`` per request, block
 bookkeeping, scheduling decisions, rejections and settings errors.
 
-The reference for every request is :func:`tokenflow.generate` run on that request alone
+The reference for every request is :func:`tokenflow.inference.generate` run on that request alone
 (batch 1, whole prompt in one prefill, no preemption), with a fresh ``torch.Generator``
 seeded like the request. The workload forces chunked prefill (prompts longer than the token
 budget), preemption (a pool smaller than the requests' needs) and prefix-cache hits (a

@@ -1,4 +1,4 @@
-"""The kernel-less versions of the chapter 03/04/06 explorers (``tokenflow.widgets.*_static``):
+"""The kernel-less versions of the chapter 03/04/06 explorers (``tokenflow.viz.*_static``):
 one stored output per grid point, each the output the live explorer shows for that setting."""
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import torch
 
 matplotlib.use("Agg")
 
-from tokenflow.config import ModelConfig  # noqa: E402
-from tokenflow.lens import logit_lens  # noqa: E402
-from tokenflow.model import TokenFlowModel  # noqa: E402
-from tokenflow.widgets import (decode_trace_static, decode_trace_summary, logit_lens_static,  # noqa: E402
+from tokenflow.model.config import ModelConfig  # noqa: E402
+from tokenflow.analysis.logit_lens import logit_lens  # noqa: E402
+from tokenflow.model.transformer import TokenFlowModel# noqa: E402
+from tokenflow.viz import (decode_trace_static, decode_trace_summary, logit_lens_static,  # noqa: E402
                                logit_lens_topk, prob_text, sampling_static)
 
 
@@ -71,7 +71,7 @@ def test_decode_trace_static_matches_the_summary(tiny):
 
 
 def test_sampling_static_titles_name_the_seeded_draw():
-    from tokenflow.sampling import sample
+    from tokenflow.inference.sampling import sample
     logits = torch.linspace(3, -3, 30)
     ex = sampling_static(logits, Names(), temperature=(0.5, 2.0), top_k=(30,), top_p=(1.0,),
                          min_p=(0.0,), n=12)

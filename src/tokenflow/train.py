@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .checkpoint import DEFAULT_WEIGHTS, save_model
-from .config import preset
-from .model import TokenFlowModel
+from .interop.checkpoint import DEFAULT_WEIGHTS, save_model
+from .model.config import preset
+from .model.transformer import TokenFlowModel
 from .tokenizer import Tokenizer, train_tokenizer
 
 __all__ = ["train", "make_batches", "main"]

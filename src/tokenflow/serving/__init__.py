@@ -9,8 +9,8 @@ from .block_manager import Block, BlockManager, chain_hash
 from .scheduler import ScheduledChunk, Scheduler, StepPlan
 from .runner import ContiguousKVStorage, ModelRunner, PagedKVStorage
 from .engine import LLMEngine, StepRecord
-from .workload import (DECODE, PREFILL, WAIT, RequestTimeline, corpus_lines,
-                       mixed_workload, request_timeline, run_with_arrivals)
+from .workload import (DECODE, PREFILL, WAIT, RequestTimeline, corpus_lines, mixed_workload,
+                       request_timeline, run_with_arrivals)
 
 __all__ = ["Request", "RequestOutput", "RequestStatus", "SamplingParams", "Block",
            "BlockManager", "chain_hash", "ScheduledChunk", "Scheduler", "StepPlan",

@@ -45,7 +45,7 @@ class StepRecord:
 
 
 class LLMEngine:
-    """A continuous-batching engine over one :class:`~tokenflow.model.TokenFlowModel`.
+    """A continuous-batching engine over one :class:`~tokenflow.model.transformer.TokenFlowModel`.
 
     Args:
         model: the model (eval mode; any dtype / device).

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import check_sampling_args
+from tokenflow.inference.sampling import check_sampling_args
 
 __all__ = ["SamplingParams", "RequestStatus", "Request", "RequestOutput"]
 
@@ -29,7 +29,7 @@ class SamplingParams:
 
     Fields:
         max_new_tokens: tokens to generate at most (int >= 1).
-        temperature, top_k, top_p, min_p: as :func:`tokenflow.sampling.filter_logits`;
+        temperature, top_k, top_p, min_p: as :func:`tokenflow.inference.sampling.filter_logits`;
             ``temperature=0`` is greedy.
         seed: seeds this request's own ``torch.Generator`` (None: a random seed), so the
             draws do not depend on other requests in the batch.
@@ -138,7 +138,7 @@ class RequestOutput:
 
     Fields:
         request_id, prompt_token_ids, output_token_ids (the generated ids; ends with the
-            end-of-sequence id when ``finish_reason == "eos"``, as :func:`tokenflow.generate`).
+            end-of-sequence id when ``finish_reason == "eos"``, as :func:`tokenflow.inference.generate`).
         finish_reason: ``"eos"``, ``"length"`` (``max_new_tokens`` reached) or
             ``"rejected"`` (never run; ``reason`` says why).
         reason: the rejection message, else None.

@@ -18,8 +18,8 @@ Three pieces:
   requests, so prefix-cache hits are **recomputed** with the request's first chunk (counted
   in ``num_recomputed_tokens``).
 * :class:`ModelRunner`: asks the storage for logits, then samples each request's token with
-  its own parameters and its own seeded generator (:func:`tokenflow.sampling.sample`, the
-  call :func:`tokenflow.generate` makes), so a request's tokens do not depend on its batch.
+  its own parameters and its own seeded generator (:func:`tokenflow.inference.sampling.sample`, the
+  call :func:`tokenflow.inference.generate` makes), so a request's tokens do not depend on its batch.
 
 Both storages have the same methods: ``allocate``, ``free``, ``forward(chunks)``,
 ``num_computed``, ``in`` and ``len``.
@@ -31,10 +31,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..generate import decode_step
-from ..kv_cache import KVCache
-from ..paged_kv_cache import PagedKVCache
-from ..sampling import sample
+from tokenflow.inference.generate import decode_step
+from tokenflow.model.kv_cache import KVCache
+from .paged_kv_cache import PagedKVCache
+from tokenflow.inference.sampling import sample
 from .request import Request
 from .scheduler import ScheduledChunk, StepPlan
 
@@ -45,7 +45,7 @@ class PagedKVStorage:
     """All requests' K/V in one :class:`~tokenflow.PagedKVCache` (see the module docstring).
 
     Args:
-        model: a :class:`~tokenflow.model.TokenFlowModel` (eval mode).
+        model: a :class:`~tokenflow.model.transformer.TokenFlowModel` (eval mode).
         num_blocks, block_size: the pool, as in the :class:`~.block_manager.BlockManager`
             whose block tables this storage reads.
         batch_decode: run all chunks of a step as one forward (default) or one forward per
@@ -125,7 +125,7 @@ class ContiguousKVStorage:
     leave, not every step.
 
     Args:
-        model: a :class:`~tokenflow.model.TokenFlowModel` (eval mode).
+        model: a :class:`~tokenflow.model.transformer.TokenFlowModel` (eval mode).
         batch_decode: run the decode rows of a step as one batched forward (default) or one
             call per request.
 
@@ -240,7 +240,7 @@ class ModelRunner:
     """Runs a :class:`~tokenflow.serving.scheduler.StepPlan` and samples.
 
     Args:
-        model: the :class:`~tokenflow.model.TokenFlowModel`.
+        model: the :class:`~tokenflow.model.transformer.TokenFlowModel`.
         block_size: tokens per KV block (sizes each request's storage).
         storage: the tensor storage; default :class:`ContiguousKVStorage`.
     """

@@ -1,11 +1,77 @@
-"""Presentation on top of the model: formatting helpers and tables (:mod:`.fmt`) and sliders
-that work without a kernel (:mod:`.static`). Nothing in the model, cache, sampling or serving
-code depends on this package (DESIGN.md section 2); matplotlib is imported only when a figure
-is rendered.
+"""Presentation: every figure, table, widget, kernel-less explorer and the diagram.
 
-    from tokenflow.viz import Table, precomputed_explorer, say, format_bytes, pad
+The chapters import what they show from here (``from tokenflow.viz import ...``); the code
+is split by topic, one module per chapter theme:
+
+=================  ===========================================================
+``fmt``            text helpers: :class:`Table`, :func:`say`, :func:`format_bytes`, widths
+``static``         :func:`precomputed_explorer`: sliders that work without a kernel
+``style``          notebook setup and the font every figure draws with
+``diagram``        the token-flow diagram (Mermaid) and trace rows tied to its boxes
+``hidden``         chapter 01: hidden states, the residual stream, sizes
+``attention``      chapter 02: attention weights, KV cache growth and size
+``moe``            chapter 03: routing, dispatch / combine, expert load, all-to-all
+``sampling``       chapter 04: vocabulary scores, temperature, top-k / top-p
+``serving``        chapter 05: phases, batching, the engine timeline
+``lens``           chapter 06: the logit lens
+``trace_tables``   chapters 00 and 06: trace events as tables
+``roofline``       chapter 07: lenses and the roofline
+=================  ===========================================================
+
+Layering (checked by ``tests/test_layering.py``): nothing outside this package imports it;
+it imports the model, inference, serving, parallel and analysis code it draws. matplotlib
+and ipywidgets load with it.
 """
-from .fmt import Table, display_width, format_bytes, pad, say
-from .static import precomputed_explorer
+from .fmt import (display_width, pad, format_bytes, say, Table)
+from .static import (precomputed_explorer, PrecomputedExplorer, MAX_OUTPUTS, MAX_HTML_BYTES)
+from .style import (cjk_font, setup_notebook)
+from .diagram import (DIAGRAM_PATH, TRACE_NODE, Edge, Diagram, parse_mermaid, load_diagram,
+                      token_flow_diagram, node_of, diagram_trace_table, trace_decode_step)
+from .hidden import (topk_bar, hidden_state_heatmap, residual_stream_plot, shape_flow,
+                     shape_controls, tensor_table, hidden_state_sizes, size_table,
+                     hidden_size_explorer, residual_stream_summary, residual_stream_explorer,
+                     hidden_size_static, residual_stream_table, residual_stream_static)
+from .attention import (attention_context_plot, attention_head_heatmap, kv_cache_growth_plot,
+                        cache_per_sequence_plot, kv_cache_summary, kv_cache_explorer,
+                        attention_explorer, attention_static, kv_cache_static, kv_per_token_view)
+from .moe import (moe_flow_diagram, routing_heatmap, dispatch_combine_diagram, expert_load_bar,
+                  traffic_heatmap, routing_load_plot, moe_comm_bars, moe_routing_summary,
+                  moe_routing_explorer, prob_text, moe_routing_static)
+from .sampling import (vocab_scores, temperature_curves, sampling_bars, frequency_bars,
+                       sampling_panel, sampling_controls, sampling_explorer, sampling_static)
+from .serving import (phase_times_plot, decode_batch_plot, arithmetic_intensity_plot,
+                      serving_timeline, batch_composition_plot, batching_comparison_plot,
+                      serving_counts, serving_panel, serving_explorer, timeline_table,
+                      timeline_view, serving_summary_table, serving_static)
+from .lens import (logit_lens_heatmap, logit_lens_topk, logit_lens_explorer, logit_lens_static)
+from .trace_tables import (decode_trace_summary, decode_trace_explorer, trace_table,
+                           TRACE_SHAPES_WHERE, trace_shapes_table, trace_shapes_static,
+                           decode_trace_static)
+from .roofline import (lens_bars, roofline_summary, roofline_bars, roofline_panel,
+                       roofline_explorer, roofline_table, roofline_static)
 
-__all__ = ["Table", "display_width", "format_bytes", "pad", "say", "precomputed_explorer"]
+__all__ = ["display_width", "pad", "format_bytes", "say", "Table", "precomputed_explorer",
+           "PrecomputedExplorer", "MAX_OUTPUTS", "MAX_HTML_BYTES", "cjk_font", "setup_notebook",
+           "DIAGRAM_PATH", "TRACE_NODE", "Edge", "Diagram", "parse_mermaid", "load_diagram",
+           "token_flow_diagram", "node_of", "diagram_trace_table", "trace_decode_step",
+           "topk_bar", "hidden_state_heatmap", "residual_stream_plot", "shape_flow",
+           "shape_controls", "tensor_table", "hidden_state_sizes", "size_table",
+           "hidden_size_explorer", "residual_stream_summary", "residual_stream_explorer",
+           "hidden_size_static", "residual_stream_table", "residual_stream_static",
+           "attention_context_plot", "attention_head_heatmap", "kv_cache_growth_plot",
+           "cache_per_sequence_plot", "kv_cache_summary", "kv_cache_explorer",
+           "attention_explorer", "attention_static", "kv_cache_static", "kv_per_token_view",
+           "moe_flow_diagram", "routing_heatmap", "dispatch_combine_diagram", "expert_load_bar",
+           "traffic_heatmap", "routing_load_plot", "moe_comm_bars", "moe_routing_summary",
+           "moe_routing_explorer", "prob_text", "moe_routing_static", "vocab_scores",
+           "temperature_curves", "sampling_bars", "frequency_bars", "sampling_panel",
+           "sampling_controls", "sampling_explorer", "sampling_static", "phase_times_plot",
+           "decode_batch_plot", "arithmetic_intensity_plot", "serving_timeline",
+           "batch_composition_plot", "batching_comparison_plot", "serving_counts",
+           "serving_panel", "serving_explorer", "timeline_table", "timeline_view",
+           "serving_summary_table", "serving_static", "logit_lens_heatmap", "logit_lens_topk",
+           "logit_lens_explorer", "logit_lens_static", "decode_trace_summary",
+           "decode_trace_explorer", "trace_table", "TRACE_SHAPES_WHERE", "trace_shapes_table",
+           "trace_shapes_static", "decode_trace_static", "lens_bars", "roofline_summary",
+           "roofline_bars", "roofline_panel", "roofline_explorer", "roofline_table",
+           "roofline_static"]

@@ -2,8 +2,8 @@
 wrapped sentences and tables that render as HTML in the book and as aligned text in a terminal.
 
 Nothing here imports torch or matplotlib, so any module may use it. The old names stay
-importable: ``tokenflow.trace.pad`` / ``display_width``, ``tokenflow.kv_cache.format_bytes``,
-``tokenflow.plots.say``.
+importable: ``tokenflow.viz.fmt.pad`` / ``display_width``, ``tokenflow.viz.fmt.format_bytes``,
+``tokenflow.viz.say``.
 """
 from __future__ import annotations
 

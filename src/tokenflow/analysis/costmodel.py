@@ -1,0 +1,592 @@
+"""Back-of-envelope costs for real configs: parameters, KV-cache bytes, memory per device.
+
+Parameters (:func:`param_breakdown`) follow the modules of each family the config can
+describe (:mod:`tokenflow.model.hf_config`): GQA / MHA / MQA or MLA attention with optional biases,
+q/k norms and sinks; SwiGLU or 2-matrix GELU FFN with optional biases; routed, shared and
+gated shared experts; RMSNorm or LayerNorm; RoPE or learned positions. For every family the
+count equals ``sum(p.numel())`` of the real module built from a tiny config (tested against
+our model and against ``transformers``). KV bytes count MLA's compressed cache (DeepSeek-V2
+report, arXiv:2405.04434, Table 1) and sliding windows. FLOPs and time:
+:mod:`tokenflow.analysis.roofline`.
+"""
+from __future__ import annotations
+
+from tokenflow.model.config import ModelConfig
+
+__all__ = ["param_breakdown", "active_param_breakdown", "param_count", "active_param_count",
+           "kv_cache_bytes_per_token", "kv_cache_bytes", "mla_kv_cache_bytes_per_token",
+           "mla_decode_attention_costs", "weight_bytes_per_device", "max_batch_size",
+           "lm_head_flops", "BYTES", "reference_models", "reference_config"]
+
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+"""Bytes per element of common dtypes."""
+
+PARTS = ("embedding", "attention", "dense_ffn", "routed_experts", "shared_experts", "router",
+         "norms", "lm_head")
+"""Keys of :func:`param_breakdown` that add up to ``total``."""
+
+
+def _check_bytes(bytes_per_element) -> None:
+    if isinstance(bytes_per_element, bool) or not isinstance(bytes_per_element, (int, float)) \
+            or bytes_per_element <= 0:
+        raise ValueError(f"bytes_per_element must be a number > 0, got {bytes_per_element!r}")
+
+
+def _check_countable(c: ModelConfig) -> None:
+    if c.unsupported_fields:
+        raise ValueError(f"config dropped HF fields {list(c.unsupported_fields)} "
+                         "(from_hf_config(allow_unsupported=True)): counts would be wrong")
+
+
+def _ffn_params(c: ModelConfig, I: int) -> int:
+    """One FFN of width ``I``: SwiGLU ``3*H*I`` (gate, up, down) or plain ``2*H*I`` (up,
+    down), plus biases ``I`` per input matrix and ``H`` for the output one."""
+    H, n_in = c.hidden_size, 2 if c.gated_mlp else 1
+    return (n_in + 1) * H * I + ((n_in * I + H) if c.mlp_bias else 0)
+
+
+def _norm_params(c: ModelConfig, width: int) -> int:
+    return width * (2 if c.norm_type == "layernorm" else 1)       # LayerNorm: weight + bias
+
+
+def _attn_params(c: ModelConfig) -> int:
+    """One attention block: projections, biases, q/k norms, sinks (GQA) or MLA's layout."""
+    H, D, nh, nkv = c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads
+    if not c.is_mla:
+        n = 2 * H * nh * D + 2 * H * nkv * D                               # q,o + k,v
+        n += (nh * D + 2 * nkv * D) * c.attention_bias + H * c.attention_out_bias
+        return n + 2 * D * c.qk_norm + nh * c.attention_sinks
+    dq = c.qk_nope_head_dim + c.qk_rope_head_dim
+    q = H * nh * dq if c.q_lora_rank is None else \
+        H * c.q_lora_rank + c.q_lora_rank + c.q_lora_rank * nh * dq        # q_a, norm, q_b
+    kv = H * (c.kv_lora_rank + c.qk_rope_head_dim) + c.kv_lora_rank \
+        + c.kv_lora_rank * nh * (c.qk_nope_head_dim + c.v_head_dim)        # kv_a, norm, kv_b
+    return q + kv + nh * c.v_head_dim * H                                  # + o_proj
+
+
+def _moe_params(c: ModelConfig) -> dict:
+    """One MoE layer: routed experts, shared experts (+ Qwen2-MoE's gate), router."""
+    H, E = c.hidden_size, c.num_experts
+    shared = _ffn_params(c, c.num_shared_experts * c.moe_intermediate_size) \
+        if c.num_shared_experts else 0
+    return dict(routed_experts=E * _ffn_params(c, c.moe_intermediate_size),
+                shared_experts=shared + H * c.shared_expert_gate,
+                router=E * H + E * c.router_bias)
+
+
+def param_breakdown(config: ModelConfig) -> dict:
+    """Total parameters by part (ints); ``total`` is the sum of :data:`PARTS`.
+
+    Parts: ``embedding`` (``V*H``, plus the learned position table
+    ``max_position_embeddings*H`` when ``position_embedding_type == "absolute"``),
+    ``attention`` (projections, biases, q/k norms, sinks; MLA: ``q_a``/``q_a_layernorm``/
+    ``q_b`` or ``q_proj``, ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``,
+    ``o_proj`` as in HF ``DeepseekV3Attention``), ``dense_ffn``, ``routed_experts``,
+    ``shared_experts`` (with Qwen2-MoE's ``shared_expert_gate``), ``router`` (weight, gpt-oss
+    bias), ``norms`` (two per block and the final one; LayerNorm counts weight and bias),
+    ``lm_head`` (0 when tied: the table is counted once, under ``embedding``).
+    Also ``mtp``: DeepSeek-V3's multi-token-prediction modules (``enorm``, ``hnorm``,
+    ``eh_proj [H, 2H]``, one MoE decoder block, ``shared_head.norm``; embedding and head
+    shared), *not* in ``total``: the published 671B excludes them, HF's
+    ``DeepseekV3ForCausalLM`` does not build them. Buffers (DeepSeek's
+    ``e_score_correction_bias``) are not parameters.
+
+    Raises:
+        ValueError: a config with ``unsupported_fields``.
+    """
+    c = config
+    _check_countable(c)
+    H, V = c.hidden_size, c.vocab_size
+    out = dict.fromkeys(PARTS, 0)
+    out["embedding"] = V * H + (c.max_position_embeddings * H
+                                if c.position_embedding_type == "absolute" else 0)
+    out["lm_head"] = 0 if c.tie_word_embeddings else V * H
+    out["norms"] = _norm_params(c, H) * (2 * c.num_hidden_layers + 1)
+    out["attention"] = _attn_params(c) * c.num_hidden_layers
+    moe_layers = sum(c.layer_is_moe(i) for i in range(c.num_hidden_layers))
+    out["dense_ffn"] = _ffn_params(c, c.intermediate_size) * (c.num_hidden_layers - moe_layers)
+    for k, v in (_moe_params(c).items() if c.num_experts else ()):
+        out[k] = v * moe_layers
+    out["total"] = sum(out[k] for k in PARTS)
+    moe_block = _attn_params(c) + 2 * _norm_params(c, H) + sum(_moe_params(c).values()) \
+        if c.num_experts else 0
+    out["mtp"] = c.num_nextn_predict_layers * (3 * _norm_params(c, H) + 2 * H * H + moe_block)
+    return out
+
+
+def active_param_breakdown(config: ModelConfig, include_embedding: bool = True,
+                           include_lm_head: bool = True) -> dict:
+    """Parameters one token uses, by part: as :func:`param_breakdown`, with the routed
+    experts scaled by ``K / E`` (the K chosen of E; shared experts and router always run).
+
+    Convention, stated because publishers differ: DeepSeek-V3's 37B ("36.7B including 0.9B
+    for Embedding and 0.9B for the output Head", README_WEIGHTS.md) and Mixtral's 12.9B count
+    both tables, the defaults here. ``include_embedding=False`` drops the input table (a
+    token reads one row of it) and the learned position table; ``include_lm_head=False``
+    drops the head. A tied table is kept while either flag is on (it is the head).
+
+    Raises:
+        ValueError: a config with ``unsupported_fields``.
+    """
+    c = config
+    out = param_breakdown(c)
+    if c.num_experts:
+        out["routed_experts"] = out["routed_experts"] * c.num_experts_per_tok // c.num_experts
+    if not include_embedding:                  # a tied table stays while it is the head
+        tied_head = c.tie_word_embeddings and include_lm_head
+        out["embedding"] = c.vocab_size * c.hidden_size if tied_head else 0
+    if not include_lm_head:
+        out["lm_head"] = 0
+    out["total"] = sum(out[k] for k in PARTS)
+    return out
+
+
+def param_count(config: ModelConfig) -> int:
+    """Total parameters: ``param_breakdown(config)["total"]`` (tied head counted once; MTP
+    modules excluded)."""
+    return param_breakdown(config)["total"]
+
+
+def active_param_count(config: ModelConfig, include_embedding: bool = True,
+                       include_lm_head: bool = True) -> int:
+    """Parameters one token touches: ``active_param_breakdown(...)["total"]`` (only ``K`` of
+    ``E`` routed experts count; see there for the embedding / head convention)."""
+    return active_param_breakdown(config, include_embedding, include_lm_head)["total"]
+
+
+def _mla_entry_elements(kv_lora_rank: int, qk_rope_head_dim: int) -> int:
+    """Numbers MLA caches per token and layer: the latent plus the shared RoPE key."""
+    return kv_lora_rank + qk_rope_head_dim
+
+
+def _kv_layer_bytes(c: ModelConfig, bytes_per_element: float, tp_size: int = 1) -> float:
+    """Bytes one token adds to one layer's cache on one of ``tp_size`` devices: K and V of
+    ``num_key_value_heads / tp_size`` heads (at least one head: replicated when
+    ``tp_size > num_key_value_heads``), or MLA's latent + RoPE key (replicated)."""
+    if c.is_mla:
+        return _mla_entry_elements(c.kv_lora_rank, c.qk_rope_head_dim) * bytes_per_element
+    nkv = c.num_key_value_heads
+    if nkv % tp_size and tp_size % nkv:
+        raise ValueError(f"tp_size ({tp_size}) must divide num_key_value_heads ({nkv}) or be "
+                         "a multiple of it")
+    return 2 * max(nkv / tp_size, 1) * c.head_dim * bytes_per_element
+
+
+def kv_cache_bytes(config: ModelConfig, batch: int, context_len: int,
+                   bytes_per_element: float = 2, tp_size: int = 1) -> int:
+    """KV-cache bytes on one device for ``batch`` sequences of ``context_len`` tokens:
+    ``sum over layers of batch * min(context_len, W) * per-layer bytes``, where ``W`` is
+    ``sliding_window`` for sliding layers (``config.layer_is_sliding``) and unbounded
+    otherwise. Per-layer bytes: K and V ``2 * nkv * D`` (MHA/GQA/MQA; heads split over
+    ``tp_size``) or MLA ``kv_lora_rank + qk_rope_head_dim`` (DeepSeek-V2 Table 1).
+
+    Raises:
+        ValueError: counts < 1, ``bytes_per_element <= 0``, a ``tp_size`` that does not
+            split the KV heads, or a config with ``unsupported_fields``.
+    """
+    _check_countable(config)
+    _check_count("batch", batch, 1)
+    _check_count("context_len", context_len, 1)
+    _check_count("tp_size", tp_size, 1)
+    _check_bytes(bytes_per_element)
+    c, per = config, _kv_layer_bytes(config, bytes_per_element, tp_size)
+    tokens = sum(min(context_len, c.sliding_window) if c.layer_is_sliding(i) else context_len
+                 for i in range(c.num_hidden_layers))
+    return int(batch * tokens * per)
+
+
+def kv_cache_bytes_per_token(config: ModelConfig, bytes_per_element: float = 2,
+                             context_len: int | None = None) -> int:
+    """KV-cache bytes per token, all layers: GQA / MHA / MQA (K and V)
+    ``2 * num_hidden_layers * num_key_value_heads * head_dim * bytes_per_element``; MLA
+    (``config.is_mla``) ``num_hidden_layers * (kv_lora_rank + qk_rope_head_dim) * bytes``.
+
+    ``context_len=None``: what one new token adds while the context is shorter than every
+    sliding window (every layer stores it). With ``context_len``: the average over a
+    sequence of that length, ``kv_cache_bytes(config, 1, context_len) / context_len``
+    (sliding layers stop growing at ``sliding_window``).
+
+    Raises:
+        ValueError: if ``bytes_per_element <= 0``, ``context_len < 1`` or the config has
+            ``unsupported_fields``.
+    """
+    _check_bytes(bytes_per_element)
+    _check_countable(config)
+    if context_len is not None:
+        return kv_cache_bytes(config, 1, context_len, bytes_per_element) // context_len
+    return int(config.num_hidden_layers * _kv_layer_bytes(config, bytes_per_element))
+
+
+def weight_bytes_per_device(config: ModelConfig, tp_size: int = 1, ep_size: int = 1,
+                            bytes_per_param: float = 2) -> dict:
+    """Weight bytes one device holds under tensor and expert parallelism.
+
+    Layout assumed (Megatron-style TP, DeepSeek-style EP): routed experts are split over
+    ``ep_size`` devices (``E / ep_size`` whole experts each); attention, dense FFN, shared
+    experts, embedding and LM head (vocab-parallel) are split over ``tp_size``; norms and
+    router are replicated. Data parallelism replicates weights (no change per device; it
+    divides the batch). MTP modules are not included.
+
+    Returns:
+        ``{"tensor_parallel", "expert_parallel", "replicated", "total"}`` in bytes (floats).
+
+    Raises:
+        ValueError: ``tp_size`` / ``ep_size`` < 1, ``ep_size`` not dividing ``num_experts``
+            (MoE configs), ``tp_size`` not dividing ``num_attention_heads``.
+    """
+    c, b = config, param_breakdown(config)
+    _check_count("tp_size", tp_size, 1)
+    _check_count("ep_size", ep_size, 1)
+    _check_bytes(bytes_per_param)
+    if c.num_attention_heads % tp_size:
+        raise ValueError(f"tp_size ({tp_size}) must divide num_attention_heads "
+                         f"({c.num_attention_heads})")
+    if c.num_experts and c.num_experts % ep_size:
+        raise ValueError(f"ep_size ({ep_size}) must divide num_experts ({c.num_experts})")
+    tp = sum(b[k] for k in ("embedding", "attention", "dense_ffn", "shared_experts",
+                            "lm_head")) / tp_size
+    out = {"tensor_parallel": tp * bytes_per_param,
+           "expert_parallel": b["routed_experts"] / ep_size * bytes_per_param,
+           "replicated": (b["norms"] + b["router"]) * bytes_per_param}
+    out["total"] = sum(out.values())
+    return out
+
+
+def max_batch_size(config: ModelConfig, context_len: int, device_memory_bytes: float,
+                   tp_size: int = 1, ep_size: int = 1, bytes_per_param: float = 2,
+                   kv_bytes_per_element: float = 2, memory_fraction: float = 0.9) -> int:
+    """Largest number of ``context_len``-token sequences whose KV cache fits one device next
+    to its weights: ``floor((memory_fraction * device_memory_bytes - weights) / kv_per_seq)``
+    (:func:`weight_bytes_per_device`, :func:`kv_cache_bytes`). Activations and framework
+    overhead are left to ``1 - memory_fraction``. 0 when the weights alone do not fit.
+
+    Raises:
+        ValueError: ``memory_fraction`` outside ``(0, 1]``, ``device_memory_bytes <= 0``, or
+            the errors of the two functions above.
+    """
+    if not 0 < memory_fraction <= 1:
+        raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}")
+    if device_memory_bytes <= 0:
+        raise ValueError(f"device_memory_bytes must be > 0, got {device_memory_bytes!r}")
+    free = memory_fraction * device_memory_bytes - weight_bytes_per_device(
+        config, tp_size, ep_size, bytes_per_param)["total"]
+    per_seq = kv_cache_bytes(config, 1, context_len, kv_bytes_per_element, tp_size)
+    return max(int(free // per_seq), 0)
+
+
+def mla_kv_cache_bytes_per_token(num_hidden_layers: int, kv_lora_rank: int,
+                                 qk_rope_head_dim: int, bytes_per_element: float = 2) -> int:
+    """MLA cache bytes per token from the raw sizes: ``layers * (kv_lora_rank +
+    qk_rope_head_dim) * bytes`` (DeepSeek-V2 report, arXiv:2405.04434, Table 1: ``(d_c + d_h^R)
+    * l`` elements); the same per-layer count as :func:`kv_cache_bytes_per_token` uses for an
+    MLA config (one helper), for sizes that are not a whole config (chapter 02).
+
+    Raises:
+        ValueError: if any size is < 1 or ``bytes_per_element <= 0``.
+    """
+    _check_bytes(bytes_per_element)
+    for name, v in (("num_hidden_layers", num_hidden_layers), ("kv_lora_rank", kv_lora_rank),
+                    ("qk_rope_head_dim", qk_rope_head_dim)):
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+    return int(num_hidden_layers * _mla_entry_elements(kv_lora_rank, qk_rope_head_dim)
+               * bytes_per_element)
+
+
+def mla_decode_attention_costs(config: ModelConfig, context_len: int,
+                               bytes_per_element: float = 2) -> dict:
+    """FLOPs and bytes read by one MLA layer's attention core for one decode token (batch 1),
+    in the naive and the absorbed form (:class:`tokenflow.model.mla.MLAttention`).
+
+    Counted: the work that depends on the form, from the cached entries to the per-head
+    outputs ``[nh, dv]`` (the ``q``/``kv_a``/``o`` projections are the same in both forms and
+    left out). ``L = context_len`` cached tokens; ``nh, r, dn, dr, dv`` as in
+    :mod:`tokenflow.model.mla`; a multiply-add is 2 FLOPs.
+
+    * naive: expand every cached latent with ``kv_b_proj`` (``2 L r nh (dn+dv)``), scores
+      ``2 nh L (dn+dr)``, weighted sum of V ``2 nh L dv``. Reads the cache ``L (r+dr)``, the
+      ``kv_b_proj`` weight ``r nh (dn+dv)`` and the expanded K and V ``L nh (dn+dr+dv)``.
+    * absorbed: fold ``W_UK`` into the query ``2 nh dn r``, scores ``2 nh L (r+dr)``, weighted
+      sum of latents ``2 nh L r``, ``W_UV`` on the result ``2 nh r dv``. Reads the cache and the
+      same weight, nothing expanded.
+
+    Returns:
+        ``{"naive": {"flops", "bytes_read"}, "absorbed": {"flops", "bytes_read"}}`` (ints).
+
+    Raises:
+        ValueError: a config without MLA, ``context_len < 1`` or ``bytes_per_element <= 0``.
+    """
+    if not config.is_mla:
+        raise ValueError("config must be an MLA config (kv_lora_rank set)")
+    _check_count("context_len", context_len, 1)
+    _check_bytes(bytes_per_element)
+    c, L = config, context_len
+    nh, r, dn, dr, dv = (c.num_attention_heads, c.kv_lora_rank, c.qk_nope_head_dim,
+                         c.qk_rope_head_dim, c.v_head_dim)
+    shared = L * (r + dr) + r * nh * (dn + dv)                  # cache + kv_b_proj weight
+    naive = dict(flops=2 * L * r * nh * (dn + dv) + 2 * nh * L * (dn + dr) + 2 * nh * L * dv,
+                 bytes_read=int((shared + L * nh * (dn + dr + dv)) * bytes_per_element))
+    absorbed = dict(flops=2 * nh * dn * r + 2 * nh * L * (r + dr) + 2 * nh * L * r
+                    + 2 * nh * r * dv, bytes_read=int(shared * bytes_per_element))
+    return {"naive": naive, "absorbed": absorbed}
+
+
+def lm_head_flops(config: ModelConfig, tokens: int = 1) -> int:
+    """FLOPs of the LM head for ``tokens`` positions: ``2 * H * V`` each (multiply + add).
+
+    Raises:
+        ValueError: if ``tokens < 1``.
+    """
+    if tokens < 1:
+        raise ValueError(f"tokens must be >= 1, got {tokens}")
+    return 2 * config.hidden_size * config.vocab_size * tokens
+
+
+def reference_models() -> dict:
+    """The published configs bundled in ``src/tokenflow/data/models.json`` (each entry names
+    its sources and marks what is unverified)."""
+    import json
+    from importlib import resources
+    return json.loads((resources.files("tokenflow") / "data" / "models.json")
+                      .read_text(encoding="utf-8"))["models"]
+
+
+def reference_config(name: str) -> ModelConfig:
+    """A :class:`ModelConfig` for a bundled real model (``"DeepSeek-V3"``, ``"Mixtral-8x7B"``,
+    ``"Llama-3-8B"``, ``"DeepSeek-V4-Pro"``, ``"DeepSeek-V4-Flash"``, ``"GPT-3-175B"``).
+
+    Values the reference gives as annotated text (e.g. ``"2.5 (one secondary copy only -
+    UNVERIFIED)"``) are read as their leading number or boolean. Read with
+    ``from_hf_config(..., allow_unsupported=True)``: DeepSeek-V4's fields we cannot express
+    (``o_groups``, ``compress_rates``, ``scoring_func 'sqrtsoftplus'``, ...) land in
+    ``unsupported_fields``, so its shapes and routing sizes are usable but every count
+    refuses. GPT-3 has no ``model_type`` in the file and is read as ``gpt2``
+    (:data:`_REFERENCE_FAMILY`). Fine for shapes and counts, not for running.
+
+    Raises:
+        ValueError: if ``name`` is not bundled.
+    """
+    models = reference_models()
+    if name not in models:
+        raise ValueError(f"name must be one of {sorted(models)}, got {name!r}")
+    import re
+    hf = {}
+    for k, v in models[name]["config"].items():
+        if isinstance(v, str) and k != "scoring_func":
+            m = re.match(r"\s*(True|False|[0-9.]+)", v)
+            if not m:
+                continue
+            v = {"True": True, "False": False}.get(m.group(1)) if m.group(1) in (
+                "True", "False") else (float(m.group(1)) if "." in m.group(1) else int(m.group(1)))
+        hf[k] = v
+    hf.setdefault("model_type", _REFERENCE_FAMILY.get(name))
+    return ModelConfig.from_hf_config(hf, allow_unsupported=True, name=name)
+
+
+_REFERENCE_FAMILY = {"GPT-3-175B": "gpt2"}
+"""``model_type`` of reference entries that do not carry one: GPT-3 uses GPT-2's
+architecture (Brown et al. 2020, section 2.1: "the same model and architecture as GPT-2", with
+alternating dense and locally banded sparse attention, which changes no parameter count)."""
+
+
+# ---- MoE communication (F3)
+# Bytes that expert parallelism moves: dispatch sends each (token, expert) pair's hidden state to
+# the rank that owns the expert, combine sends the expert output back (same size). Pairs whose
+# expert lives on the token's own rank stay local and cost nothing on the wire. Used by chapter 03
+# and checked there against the bytes a real torch.distributed run sends
+# (tokenflow.parallel.expert_parallel).
+
+__all__ += ["moe_a2a_bytes", "expected_remote_fraction", "moe_comm_bytes_per_token",
+            "num_moe_layers"]
+
+
+def _check_count(name: str, v, lo: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+
+
+def moe_a2a_bytes(tokens: int, top_k: int, hidden_size: int, bytes_per_element: float = 2,
+                  local_pairs: int = 0) -> int:
+    """Bytes one MoE all-to-all sends: ``(tokens * top_k - local_pairs) * hidden_size * bytes``.
+
+    Dispatch sends this many bytes (hidden states out to the experts' ranks) and combine sends the
+    same amount back (expert outputs), so one MoE layer moves it twice. ``local_pairs`` are the
+    (token, expert) pairs whose expert is on the sending rank: they never leave it. Counts the
+    hidden-state payload only (no routing metadata, no deduplication of a token sent to two
+    experts on the same rank).
+
+    Args:
+        tokens: tokens on the sending rank (``B*S`` of its batch).
+        top_k: K, experts per token.
+        hidden_size: H.
+        bytes_per_element: 2 for bf16, 1 for fp8, 4 for fp32.
+        local_pairs: pairs that stay local, ``0 <= local_pairs <= tokens * top_k``.
+
+    Returns:
+        bytes (int).
+
+    Raises:
+        ValueError: negative or non-int counts, ``top_k < 1``, ``bytes_per_element <= 0``, or
+            ``local_pairs`` outside ``[0, tokens*top_k]``.
+    """
+    _check_count("tokens", tokens, 0)
+    _check_count("top_k", top_k, 1)
+    _check_count("hidden_size", hidden_size, 1)
+    _check_count("local_pairs", local_pairs, 0)
+    _check_bytes(bytes_per_element)
+    if local_pairs > tokens * top_k:
+        raise ValueError(f"local_pairs must be <= tokens * top_k = {tokens * top_k}, "
+                         f"got {local_pairs}")
+    return int((tokens * top_k - local_pairs) * hidden_size * bytes_per_element)
+
+
+def expected_remote_fraction(ep_size: int) -> float:
+    """Share of (token, expert) pairs that leave their rank when experts are spread evenly over
+    ``ep_size`` ranks and routing is uniform: ``(ep_size - 1) / ep_size`` (0 for EP=1).
+
+    Raises:
+        ValueError: if ``ep_size`` is not an int >= 1.
+    """
+    _check_count("ep_size", ep_size, 1)
+    return (ep_size - 1) / ep_size
+
+
+def moe_comm_bytes_per_token(config: ModelConfig, ep_size: int | None = None,
+                             dispatch_bytes_per_element: float = 2,
+                             combine_bytes_per_element: float = 2,
+                             gpus_per_node: int | None = None,
+                             max_nodes_per_token: int | None = None) -> dict:
+    """All-to-all bytes one token causes in one MoE layer: dispatch ``K * H * b_dispatch`` plus
+    combine ``K * H * b_combine``, times the remote fraction.
+
+    Args:
+        config: a config with ``num_experts >= 1`` (e.g. ``reference_config("DeepSeek-V3")``).
+        ep_size: expert-parallel ranks. ``None``: every pair crosses the network (upper
+            bound); otherwise :func:`expected_remote_fraction` (uniform routing).
+        dispatch_bytes_per_element, combine_bytes_per_element: element sizes of the two
+            directions (bf16: 2; a deployment may dispatch in fp8: 1).
+
+        gpus_per_node: with ``ep_size``, split the traffic into ``scale_out`` (between
+            nodes) and ``scale_up`` (inside a node) the DeepSeek-V3 way (report
+            arXiv:2412.19437 section 3.2.2): a token's hidden state crosses the network once
+            per remote *node* it goes to, then is forwarded inside that node. With
+            ``N = ep_size / gpus_per_node`` nodes and uniform routing the token reaches
+            ``n = min(N * (1 - (1 - 1/N)**K), max_nodes_per_token)`` nodes, ``n * (N-1)/N``
+            of them remote: ``scale_out = remote * H * b`` per direction. ``scale_up``: the
+            ``K * (G-1)/G`` pairs not on the GPU where the copy lands, ``* H * b``. An
+            expected value, not a schedule.
+        max_nodes_per_token: node-limited routing (DeepSeek-V3: 4); ``None``: no limit.
+
+    Returns:
+        dict with ``dispatch``, ``combine``, ``total`` (bytes per token per MoE layer) and
+        ``remote_fraction``; with ``gpus_per_node`` also ``scale_out`` and ``scale_up``
+        (dispatch + combine bytes, per token per MoE layer) and ``nodes_per_token``.
+
+    Raises:
+        ValueError: dense config, bad ``ep_size`` or element sizes.
+    """
+    if config.num_experts < 1:
+        raise ValueError(f"config must be an MoE config (num_experts >= 1), got "
+                         f"num_experts={config.num_experts}")
+    _check_bytes(dispatch_bytes_per_element)
+    _check_bytes(combine_bytes_per_element)
+    f = 1.0 if ep_size is None else expected_remote_fraction(ep_size)
+    pair = config.num_experts_per_tok * config.hidden_size
+    d = pair * dispatch_bytes_per_element * f
+    c = pair * combine_bytes_per_element * f
+    out = {"dispatch": d, "combine": c, "total": d + c, "remote_fraction": f}
+    if gpus_per_node is not None:
+        out.update(_node_limited_bytes(config, ep_size, gpus_per_node, max_nodes_per_token,
+                                       dispatch_bytes_per_element + combine_bytes_per_element))
+    return out
+
+
+def _node_limited_bytes(config: ModelConfig, ep_size, G: int, M, b: float) -> dict:
+    """Scale-out / scale-up bytes of :func:`moe_comm_bytes_per_token` (``b``: dispatch +
+    combine element bytes)."""
+    _check_count("gpus_per_node", G, 1)
+    if ep_size is None or ep_size % G and G % ep_size:
+        raise ValueError(f"ep_size ({ep_size}) must be a multiple or divisor of "
+                         f"gpus_per_node ({G})")
+    if M is not None:
+        _check_count("max_nodes_per_token", M, 1)
+    N, K, H = max(ep_size // G, 1), config.num_experts_per_tok, config.hidden_size
+    n = N * (1 - (1 - 1 / N) ** K)
+    n = min(n, M) if M is not None else n
+    G_used = min(G, ep_size)
+    return {"nodes_per_token": n, "scale_out": n * (N - 1) / N * H * b,
+            "scale_up": K * (G_used - 1) / G_used * H * b}
+
+
+def num_moe_layers(config: ModelConfig) -> int:
+    """Number of decoder blocks whose feed-forward is MoE (``config.layer_is_moe``)."""
+    return sum(config.layer_is_moe(i) for i in range(config.num_hidden_layers))
+
+
+# ---- Prefill vs decode (F5)
+# What one forward pass computes and what it must read: enough to place prefill and decode on
+# the roofline (Williams, Waterman and Patterson 2009: attainable FLOP/s = min(peak FLOP/s,
+# arithmetic intensity x memory bandwidth)). The FLOPs are :func:`tokenflow.analysis.roofline.forward_flops`.
+
+__all__ += ["forward_bytes", "expected_experts_touched"]
+
+
+def expected_experts_touched(num_experts: int, top_k: int, num_tokens: int) -> float:
+    """Expected number of distinct experts that ``num_tokens`` tokens, each routed to
+    ``top_k`` of ``num_experts`` experts uniformly at random, use in one MoE layer:
+    ``E * (1 - (1 - K/E) ** T)`` (each expert is missed by one token with probability
+    ``1 - K/E``). ``K`` for one token, close to ``E`` for a large batch.
+
+    Raises:
+        ValueError: ``num_experts < 1``, ``top_k`` outside ``[1, num_experts]``,
+            ``num_tokens < 0``.
+    """
+    _check_count("num_experts", num_experts, 1)
+    _check_count("num_tokens", num_tokens, 0)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k must be an int in [1, num_experts={num_experts}], got {top_k!r}")
+    return num_experts * (1 - (1 - top_k / num_experts) ** num_tokens)
+
+
+def forward_bytes(config: ModelConfig, new_tokens: int, cached_tokens: int = 0,
+                  batch_size: int = 1, bytes_per_element: float = 2, *,
+                  kv_bytes_per_element: float | None = None, tp_size: int = 1,
+                  ep_size: int = 1) -> float:
+    """Least bytes one forward pass moves to and from memory on one device: every weight it
+    uses read once (shared by the whole batch), the KV cache read (``batch_size *
+    cached_tokens`` tokens) and the new tokens' K/V **written** (``batch_size * new_tokens``
+    tokens): ``kv_cache_bytes(config, batch_size, cached_tokens + new_tokens)``, so sliding
+    layers count at most ``sliding_window`` slots. The one bytes formula of the book:
+    :func:`tokenflow.analysis.roofline.roofline`'s ``memory_bytes`` is this function.
+
+    Weights (``bytes_per_element`` each): all parameters but the input embedding table (one
+    row per token is read, ``H`` elements per token); in MoE layers only the routed experts
+    the tokens are expected to touch (:func:`expected_experts_touched`). Activations are left
+    out (they stay in caches and registers in a fused kernel), so this is a lower bound.
+
+    Parallelism (the layout of :func:`weight_bytes_per_device`): ``tp_size`` splits attention,
+    dense FFN, shared experts, LM head, the embedding rows and the KV heads; ``ep_size`` gives
+    the device ``E / ep_size`` experts, touched by the ``T * max(ep_size // tp_size, 1)``
+    tokens of the expert-parallel group (each of its tensor-parallel groups runs its own
+    ``T = batch_size * new_tokens``). ``kv_bytes_per_element``: the cache's element size
+    (``None``: ``bytes_per_element``).
+
+    Raises:
+        ValueError: ``new_tokens`` or ``batch_size`` < 1, ``cached_tokens`` < 0, element sizes
+            <= 0, or the errors of :func:`weight_bytes_per_device` and :func:`kv_cache_bytes`.
+    """
+    _check_count("new_tokens", new_tokens, 1)
+    _check_count("cached_tokens", cached_tokens, 0)
+    _check_count("batch_size", batch_size, 1)
+    _check_bytes(bytes_per_element)
+    kv_b = bytes_per_element if kv_bytes_per_element is None else kv_bytes_per_element
+    c, T = config, batch_size * new_tokens
+    w = weight_bytes_per_device(c, tp_size, ep_size, bytes_per_element)
+    table = 0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size
+    rows = T * c.hidden_size                                    # the embedding rows looked up
+    weights = w["total"] + (rows - table) / tp_size * bytes_per_element
+    if c.num_experts:
+        touched = expected_experts_touched(c.num_experts, c.num_experts_per_tok,
+                                           T * max(ep_size // tp_size, 1))
+        weights -= w["expert_parallel"] * (1 - touched / c.num_experts)
+    return weights + kv_cache_bytes(c, batch_size, cached_tokens + new_tokens, kv_b, tp_size)

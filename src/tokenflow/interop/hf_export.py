@@ -1,0 +1,88 @@
+"""Write a Hugging Face checkpoint folder: the road from the book to vLLM / SGLang.
+
+The folder holds what ``transformers.AutoModelForCausalLM.from_pretrained(folder)`` and
+``AutoTokenizer.from_pretrained(folder)`` read, offline, and what serving engines that load
+Hugging Face checkpoints (vLLM, SGLang) read too:
+
+* ``config.json``: :func:`tokenflow.interop.to_hf_config` (Llama, Mixtral or Qwen2-MoE);
+* ``generation_config.json``: the special token ids;
+* ``model.safetensors``: :func:`tokenflow.interop.state_dict_to_hf` (HF names and layout);
+* ``tokenizer.json`` (the ``tokenizers`` file of our BPE tokenizer) and
+  ``tokenizer_config.json`` (``PreTrainedTokenizerFast`` with ``<bos>``, ``<eos>``,
+  ``<pad>``, ``<unk>``), plus ``special_tokens_map.json``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from .hf_models import hf_architecture, state_dict_to_hf, to_hf_config
+from tokenflow.tokenizer import SPECIAL_TOKENS, Tokenizer
+
+__all__ = ["save_hf_checkpoint"]
+
+
+def _check_tokenizer(config, tokenizer: Tokenizer) -> None:
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's "
+                         f"vocab_size is {config.vocab_size}")
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if getattr(tokenizer, name) != getattr(config, name):
+            raise ValueError(f"{name} differs: tokenizer {getattr(tokenizer, name)}, model "
+                             f"config {getattr(config, name)}")
+
+
+def _write_tokenizer(tokenizer: Tokenizer, folder: Path, max_len: int) -> None:
+    tokenizer.save(folder / "tokenizer.json")
+    pad, bos, eos, unk = SPECIAL_TOKENS
+    special = {"bos_token": bos, "eos_token": eos, "pad_token": pad, "unk_token": unk}
+    cfg = dict(special, tokenizer_class="PreTrainedTokenizerFast", model_max_length=max_len,
+               clean_up_tokenization_spaces=False, add_bos_token=False, add_eos_token=False)
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2),
+                                                    encoding="utf-8")
+
+
+def save_hf_checkpoint(model, folder: str | Path, tokenizer: Tokenizer | None = None,
+                       architecture: str | None = None) -> Path:
+    """Write ``model`` (and its tokenizer) as a Hugging Face checkpoint folder.
+
+    Args:
+        model: a :class:`~tokenflow.model.transformer.TokenFlowModel` (weights saved in its dtype).
+        folder: directory to write (created if missing; files in it are overwritten).
+        tokenizer: a :class:`~tokenflow.tokenizer.Tokenizer`; default the shipped one.
+        architecture: ``"llama"``, ``"mixtral"`` or ``"qwen2_moe"``; default
+            :func:`tokenflow.interop.hf_architecture`.
+
+    Returns:
+        the folder's ``Path``. ``AutoModelForCausalLM.from_pretrained(folder)`` gives logits
+        equal to ours (fp32: within 1e-4, tested) and ``AutoTokenizer.from_pretrained(folder)``
+        the same ids as ``tokenizer.encode`` (with ``add_special_tokens=False``).
+
+    Raises:
+        ValueError: no HF family expresses the config (see ``hf_architecture``); the
+            tokenizer is larger than ``vocab_size`` or its special ids differ from the
+            config's.
+        ImportError: if ``transformers`` is not installed.
+    """
+    from transformers import GenerationConfig
+    config = model.config
+    arch = architecture or hf_architecture(config)
+    tokenizer = tokenizer if tokenizer is not None else Tokenizer.from_file()
+    _check_tokenizer(config, tokenizer)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    hf_config = to_hf_config(config, arch)
+    hf_config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    hf_config.save_pretrained(folder)
+    GenerationConfig.from_model_config(hf_config).save_pretrained(folder)
+    weights = state_dict_to_hf(model, None, arch)
+    if config.tie_word_embeddings:
+        weights.pop("lm_head.weight")                  # HF ties it to the embedding on load
+    weights = {k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()}
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    _write_tokenizer(tokenizer, folder, config.max_position_embeddings)
+    return folder

@@ -1,0 +1,14 @@
+"""What a token passes through: the model itself.
+
+``config``       :class:`ModelConfig` (Hugging Face field names) and the presets;
+                 ``hf_config`` parses an HF ``config.json`` into it
+``norm``, ``rope``   RMSNorm; rotary position embedding (default / linear / llama3 / yarn)
+``attention``    grouped-query attention reading and writing the KV cache
+``mla``          multi-head latent attention (DeepSeek-V2/V3): latent cache, absorbed decode
+``ffn``, ``moe``     dense SwiGLU FFN; router (top-k), routed + shared experts, dispatch / combine
+``fused``        packed q/k/v and gate/up weights
+``kv_cache``     the one cache interface (CacheStep / CacheStorage) and contiguous storage
+``transformer``  embedding -> decoder blocks -> final norm -> LM head (:class:`TokenFlowModel`)
+
+This layer imports nothing else from tokenflow (checked by ``tests/test_layering.py``).
+"""

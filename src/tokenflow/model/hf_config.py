@@ -1,0 +1,267 @@
+"""Read a Hugging Face ``config.json`` into :class:`~tokenflow.model.config.ModelConfig` fields.
+
+The one parser of HF configs: :meth:`ModelConfig.from_hf_config` and
+``tokenflow.interop.from_hf_config`` both call :func:`parse_hf_config`. It reads the
+families below (``model_type``; the field names of ``transformers`` 5.x
+``models/<family>/configuration_<family>.py``) and keeps every field that changes a
+parameter count, KV-cache bytes or FLOPs. Metadata and training knobs (dropout, aux-loss
+coefficients, ``quantization_config``: the weight dtype is an argument of the memory
+functions) are ignored by name; any other field with a value raises ``ValueError`` naming it,
+instead of being dropped and miscounted.
+
+==============  ==================================================================
+model_type      what is read beyond the Llama fields
+==============  ==================================================================
+llama           ``attention_bias`` (q, k, v, o), ``mlp_bias``
+mistral         ``sliding_window`` (every layer)
+qwen2, qwen3    q/k/v bias (Qwen2 always; Qwen3 ``attention_bias``), Qwen3 q/k norms,
+                ``use_sliding_window`` / ``max_window_layers`` / ``layer_types``
+mixtral         ``num_local_experts``, renormalised top-k, ``sliding_window``
+qwen2_moe       ``num_experts``, shared expert (``shared_expert_intermediate_size``) and
+                its gate, ``qkv_bias``, ``mlp_only_layers``, ``decoder_sparse_step == 1``
+qwen3_moe       as qwen2_moe without the shared expert, with q/k norms
+deepseek_v2/v3  MLA fields, ``n_routed_experts``, ``n_shared_experts``, ``n_group`` /
+                ``topk_group``, ``first_k_dense_replace``, ``moe_layer_freq``,
+                ``scoring_func``, ``num_nextn_predict_layers`` (MTP, counted apart)
+gpt_oss         attention biases and sinks, router bias, expert biases,
+                ``layer_types`` with ``sliding_window``
+gpt2            ``n_embd``/``n_layer``/``n_head``/``n_positions``/``n_inner``: learned
+                positions, LayerNorm, 2-matrix GELU FFN ``4H``, biases, tied head
+(none)          HF Llama field names (``reference_models()`` entries)
+==============  ==================================================================
+"""
+from __future__ import annotations
+
+__all__ = ["parse_hf_config", "FAMILIES"]
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe",
+            "deepseek_v2", "deepseek_v3", "gpt_oss", "gpt2")
+"""``model_type`` values :func:`parse_hf_config` reads."""
+
+_IGNORED = frozenset("""
+_name_or_path architectures model_type dtype torch_dtype transformers_version auto_map
+initializer_range initializer_factor use_cache attention_dropout hidden_dropout embd_pdrop
+attn_pdrop resid_pdrop output_attentions output_hidden_states return_dict problem_type id2label
+label2id chunk_size_feed_forward router_aux_loss_coef output_router_logits router_jitter_noise
+aux_loss_alpha seq_aux hidden_act activation_function pretraining_tp rope_interleave
+swiglu_limit swiglu_alpha quantization_config ep_size scale_attn_weights
+scale_attn_by_inverse_layer_idx reorder_and_upcast_attn n_ctx initial_context_length
+tokenizer_class use_bfloat16 torchscript tf_legacy_loss pruned_heads tie_encoder_decoder
+is_decoder finetuning_task prefix task_specific_params decoder_start_token_id sep_token_id
+is_encoder_decoder add_cross_attention bos_token_id eos_token_id pad_token_id
+""".split())
+"""Fields that change no count, memory or FLOPs (metadata, dropout, training knobs, the
+activation function, ``quantization_config``). ``is_encoder_decoder`` and
+``add_cross_attention`` are checked to be false."""
+_IGNORED_PREFIXES = ("summary_",)
+_GPT2_NAMES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers",
+               "n_head": "num_attention_heads", "n_positions": "max_position_embeddings",
+               "n_inner": "intermediate_size", "layer_norm_epsilon": "rms_norm_eps"}
+_TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+
+
+class _Reader:
+    """``g(key, default)`` reads ``d[key]`` (``None`` counts as missing) and remembers the
+    key as understood; ``problem(field, why)`` collects what cannot be expressed."""
+
+    def __init__(self, d: dict):
+        self.d, self.read, self.problems = d, set(), []
+
+    def __call__(self, key: str, default=None):
+        self.read.add(key)
+        v = self.d.get(key)
+        return default if v is None else v
+
+    def problem(self, key: str, why: str) -> None:
+        self.read.add(key)
+        self.problems.append((key, why))
+
+
+def parse_hf_config(d: dict, allow_unsupported: bool = False) -> dict:
+    """``ModelConfig`` keyword arguments from an HF ``config.json`` dict.
+
+    Args:
+        d: the config dict (``transformers`` ``PretrainedConfig.to_dict()`` or the file).
+        allow_unsupported: record fields we cannot express in ``unsupported_fields``
+            instead of raising.
+
+    Returns:
+        dict of :class:`~tokenflow.model.config.ModelConfig` fields.
+
+    Raises:
+        ValueError: ``model_type`` not in :data:`FAMILIES`, or fields / values we cannot
+            express (each named, with the reason), unless ``allow_unsupported``.
+    """
+    mt = d.get("model_type")
+    if mt is not None and mt not in FAMILIES:
+        raise ValueError(f"model_type {mt!r} is not supported (supported: {list(FAMILIES)})")
+    if mt == "gpt2":
+        d = {_GPT2_NAMES.get(k, k): v for k, v in d.items()}
+    g = _Reader(d)
+    kw = _common(g, mt)
+    for part in (_attention, _windows, _moe, _rope):
+        kw.update(part(g, mt))
+    kw.update(**_mla(g), **_special_tokens(g))
+    if kw["intermediate_size"] is None:                 # an all-MoE model (gpt-oss, V4)
+        kw["intermediate_size"] = kw["moe_intermediate_size"]
+    for key in ("is_encoder_decoder", "add_cross_attention"):
+        if d.get(key):
+            g.problem(key, f"{key}=True: only decoder-only models are modelled")
+    unknown = sorted(k for k, v in d.items() if k not in g.read and k not in _IGNORED
+                     and not k.startswith(_IGNORED_PREFIXES) and v is not None and v is not False)
+    for k in unknown:
+        g.problems.append((k, f"{k} is not a field we can express"))
+    if g.problems and not allow_unsupported:
+        raise ValueError("unsupported HF config fields: " +
+                         "; ".join(why for _, why in g.problems))
+    kw["unsupported_fields"] = tuple(sorted({k for k, _ in g.problems}))
+    return kw
+
+
+def _common(g: _Reader, mt: str | None) -> dict:
+    hidden, n_heads = g("hidden_size"), g("num_attention_heads")
+    inter = g("intermediate_size") or (4 * hidden if mt == "gpt2" else None)
+    gpt2 = mt == "gpt2"
+    return dict(
+        vocab_size=g("vocab_size"), hidden_size=hidden,
+        num_hidden_layers=g("num_hidden_layers"), num_attention_heads=n_heads,
+        num_key_value_heads=g("num_key_value_heads") or n_heads,
+        head_dim=g("head_dim") or (None if g("kv_lora_rank") else hidden // n_heads),
+        intermediate_size=inter,
+        max_position_embeddings=g("max_position_embeddings", 2048),
+        rms_norm_eps=float(g("rms_norm_eps") or g("layer_norm_eps") or 1e-6),
+        tie_word_embeddings=bool(g("tie_word_embeddings", gpt2)),
+        gated_mlp=not gpt2, norm_type="layernorm" if gpt2 else "rmsnorm",
+        position_embedding_type="absolute" if gpt2 else "rope",
+        mlp_bias=bool(g("mlp_bias", False)) or mt in ("gpt2", "gpt_oss"),
+        num_nextn_predict_layers=int(g("num_nextn_predict_layers", 0)))
+
+
+def _attention(g: _Reader, mt: str | None) -> dict:
+    """Biases, q/k norms and sinks of the attention block."""
+    qkv = out = bool(g("attention_bias", False))
+    if mt == "qwen2":
+        qkv, out = True, False                       # Qwen2Attention: bias on q, k, v only
+    elif mt == "qwen2_moe":
+        qkv, out = bool(g("qkv_bias", True)), False
+    elif mt == "gpt2":
+        qkv = out = True                             # c_attn and c_proj have biases
+    return dict(attention_bias=qkv, attention_out_bias=out,
+                qk_norm=mt in ("qwen3", "qwen3_moe"), attention_sinks=mt == "gpt_oss")
+
+
+def _windows(g: _Reader, mt: str | None) -> dict:
+    """``sliding_window`` and ``layer_types`` (``None`` when every layer is the same)."""
+    w, types, L = g("sliding_window"), g("layer_types"), g("num_hidden_layers")
+    if mt in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
+        use = bool(g("use_sliding_window", False))
+        first = g("max_window_layers", L)
+        w = w if use else None
+        if types is None and w is not None:
+            types = ["sliding_attention" if i >= first else "full_attention" for i in range(L)]
+    if types is not None:
+        types = list(types)
+        if "sliding_attention" not in types:
+            w, types = None, None
+        elif "full_attention" not in types:
+            types = None
+    return dict(sliding_window=w, layer_types=types)
+
+
+def _moe(g: _Reader, mt: str | None) -> dict:
+    """Experts, top-k, shared experts, router, which layers are MoE."""
+    experts = int(g("num_local_experts") or g("n_routed_experts") or g("num_experts") or 0)
+    k = g("num_experts_per_tok") or g("experts_per_token") or 2
+    inter = g("intermediate_size")
+    scoring = g("scoring_func", "sigmoid" if mt == "deepseek_v3" else "softmax")
+    if scoring not in ("softmax", "sigmoid"):
+        g.problem("scoring_func", f"scoring_func {scoring!r} is not modelled (softmax, sigmoid)")
+        scoring = "softmax"
+    method = g("topk_method")
+    if method is not None and method not in _TOPK_METHODS:
+        g.problem("topk_method", f"topk_method {method!r} is not modelled ({_TOPK_METHODS})")
+    renorm = mt in ("mixtral", "gpt_oss") or (mt is None and "num_local_experts" in g.d)
+    kw = dict(num_experts=experts, num_experts_per_tok=int(k) if experts else 0,
+              moe_intermediate_size=g("moe_intermediate_size") or inter or 1,
+              num_shared_experts=int(g("n_shared_experts") or 0) if experts else 0,
+              first_k_dense_replace=int(g("first_k_dense_replace", 0)),
+              moe_layer_freq=int(g("moe_layer_freq", 1)), scoring_func=scoring,
+              norm_topk_prob=True if renorm else bool(g("norm_topk_prob", False)),
+              routed_scaling_factor=float(g("routed_scaling_factor") or 1.0),
+              n_group=int(g("n_group") or 1), topk_group=int(g("topk_group") or 1),
+              router_bias=mt == "gpt_oss" and experts > 0)
+    if mt in ("qwen2_moe", "qwen3_moe") and experts:
+        kw.update(_qwen_moe_layers(g))
+    return kw
+
+
+def _qwen_moe_layers(g: _Reader) -> dict:
+    """Qwen-MoE's shared expert (width a multiple of ``moe_intermediate_size``; its gate) and
+    dense layers (``mlp_only_layers`` must be the first k; ``decoder_sparse_step`` 1)."""
+    out = {}
+    moe_i, shared_i = g("moe_intermediate_size"), g("shared_expert_intermediate_size", 0)
+    if shared_i % moe_i:
+        g.problem("shared_expert_intermediate_size",
+                  f"shared_expert_intermediate_size ({shared_i}) must be a multiple of "
+                  f"moe_intermediate_size ({moe_i})")
+    else:
+        out.update(num_shared_experts=shared_i // moe_i, shared_expert_gate=shared_i > 0)
+    dense = sorted(g("mlp_only_layers", []))
+    step = g("decoder_sparse_step", 1)
+    if dense != list(range(len(dense))) or step != 1:
+        g.problem("mlp_only_layers" if step == 1 else "decoder_sparse_step",
+                  "only 'first k layers dense, the rest MoE' is modelled, got "
+                  f"mlp_only_layers={dense}, decoder_sparse_step={step}")
+    out["first_k_dense_replace"] = len(dense)
+    return out
+
+
+def _rope(g: _Reader, mt: str | None) -> dict:
+    """``rope_theta`` and ``rope_scaling`` from either spelling of HF's RoPE settings."""
+    rope = dict(g("rope_parameters") or g("rope_scaling") or {})
+    theta = rope.pop("rope_theta", None) or g("rope_theta") or 10000.0
+    kind = rope.pop("rope_type", None) or rope.pop("type", None) or "default"
+    rope.pop("type", None)
+    if mt == "gpt2":
+        return {}                                    # learned absolute positions
+    if rope.pop("partial_rotary_factor", g("partial_rotary_factor", 1.0)) != 1.0:
+        g.problem("partial_rotary_factor", "partial_rotary_factor != 1 is not implemented "
+                  "(rope_parameters)")
+    from .rope import ROPE_TYPES
+    if kind not in ROPE_TYPES:
+        g.problem("rope_parameters", f"rope_type {kind!r} is not implemented (supported: "
+                  f"{sorted(ROPE_TYPES)})")
+        kind = "default"
+    if kind in ("llama3", "yarn"):           # HF's default (standardize_rope_params)
+        rope.setdefault("original_max_position_embeddings", g("max_position_embeddings"))
+    scaling = None if kind == "default" else {"rope_type": kind, **rope}
+    return dict(rope_theta=float(theta), rope_scaling=scaling)
+
+
+def _mla(g: _Reader) -> dict:
+    """The MLA fields of a DeepSeek-V2/V3 config (empty for other families)."""
+    names = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+             "v_head_dim")
+    out = {n: g(n) for n in names}
+    qk = g("qk_head_dim")
+    if out["kv_lora_rank"] is None:
+        for n in names:
+            if out[n] is not None:
+                g.problem(n, f"{n} without kv_lora_rank (not MLA) is not modelled")
+        return {}
+    if qk is not None and out["qk_nope_head_dim"] is not None \
+            and out["qk_rope_head_dim"] is not None \
+            and qk != out["qk_nope_head_dim"] + out["qk_rope_head_dim"]:
+        raise ValueError(f"qk_head_dim ({qk}) must equal qk_nope_head_dim + qk_rope_head_dim "
+                         f"({out['qk_nope_head_dim']} + {out['qk_rope_head_dim']})")
+    return out
+
+
+def _special_tokens(g: _Reader) -> dict:
+    """Special token ids: a list of EOS ids keeps the first; a missing id becomes 0."""
+    eos = g("eos_token_id")
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    ids = (("pad_token_id", g("pad_token_id")), ("bos_token_id", g("bos_token_id")),
+           ("eos_token_id", eos))
+    return {name: int(v) if v is not None else 0 for name, v in ids}

@@ -1,0 +1,317 @@
+"""The KV cache: one small interface, the contiguous storage behind it, and its size.
+
+**The interface** (DESIGN.md section 5). Once per forward pass the model asks the cache for a
+:class:`CacheStep` (``begin_step``): the new tokens' RoPE positions, the slots they go to and
+what each query may see (the mask). Each attention layer then makes one call, ``update(layer,
+step, *entries)``, which writes the new tokens' entries and returns the entries of every
+filled slot to attend over. What an entry is depends on the attention kind
+(:func:`cache_entries`):
+
+* grouped-query attention: ``k`` and ``v``, ``[n_kv, D]`` per token;
+* multi-head latent attention (DeepSeek-V2/V3): ``latent`` ``[kv_lora_rank]`` (normalised)
+  and ``k_rope`` ``[qk_rope_head_dim]`` (the rotated key shared by all heads), stored as one
+  "head".
+
+Every entry tensor has the layout ``[B, heads, tokens, dim]``. A storage implements
+:class:`CacheStorage`; :class:`KVCache` is the contiguous one (gpt-fast's ``KVCache``, HF's
+``StaticCache``; its paged sibling is :mod:`tokenflow.serving.paged_kv_cache`): per layer and entry
+one preallocated ``[B, heads, max_len, dim]`` tensor, slots ``[0, length)`` filled.
+``valid[b, slot]`` says whether a filled slot holds a real token (False for left padding),
+and ``num_real[b]`` counts the real tokens of row ``b``, which is also the RoPE position of
+its next token.
+
+Bytes per token (all layers): GQA ``2 * layers * n_kv * D * bytes``; MLA ``layers *
+(kv_lora_rank + qk_rope_head_dim) * bytes``; :func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token`
+is the formula, and ``bytes_per_token()`` measured from the tensors equals it (tested).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import ModelConfig
+
+__all__ = ["CacheStep", "CacheStorage", "KVCache", "cache_entries", "uncached_step",
+           "attention_mask_for"]
+
+
+def cache_entries(config: ModelConfig) -> tuple[tuple[str, int, int], ...]:
+    """What one token stores per layer: ``(name, heads, dim)`` of each entry.
+
+    GQA: ``(("k", n_kv, D), ("v", n_kv, D))``. MLA: ``(("latent", 1, kv_lora_rank),
+    ("k_rope", 1, qk_rope_head_dim))`` (DeepSeek-V2 report, arXiv:2405.04434, section 2.1.2:
+    the cache holds ``c_t^KV`` and ``k_t^R``).
+    """
+    c = config
+    if c.is_mla:
+        return (("latent", 1, c.kv_lora_rank), ("k_rope", 1, c.qk_rope_head_dim))
+    return (("k", c.num_key_value_heads, c.head_dim), ("v", c.num_key_value_heads, c.head_dim))
+
+
+def attention_mask_for(valid: torch.Tensor, start: int, S: int) -> torch.Tensor:
+    """Boolean mask ``[B,1,S,L]`` (True = may attend) for ``S`` queries at cache slots
+    ``[start, start+S)`` over keys at slots ``[0, L)``, ``L = start + S``.
+
+    A query sees a key when the key's slot is not after its own (causal, correct also when
+    the query is shorter than the keys: decode and chunked prefill) and the key is a real
+    token (``valid [B,L]``, False for left padding). Every query also sees itself, so a
+    padding query never has an empty row (which would make NaNs that leak through V).
+
+    Speed note: when nothing but causality masks a key (no padding, and ``S == 1`` or
+    ``start == 0``), the returned tensor carries the attribute ``sdpa_hint`` (``"none"``: no
+    key is masked; ``"causal"``: the plain lower-triangular mask), which lets attention call
+    SDPA without a mask tensor (``is_causal=True``), a faster kernel with the same result.
+    The mask values are the same either way.
+    """
+    L = start + S
+    if S == 1:                               # decode: every filled slot is "not after" the query
+        v = valid[:, :L]                                               # [B, L]
+        if bool(v.all()):                                              # no padding: all True
+            mask = torch.ones(valid.shape[0], 1, 1, L, dtype=torch.bool, device=valid.device)
+            mask.sdpa_hint = "none"
+            return mask
+        mask = v.clone()
+        mask[:, start] = True                                          # sees itself
+        return mask[:, None, None, :]                                  # [B, 1, 1, L]
+    if start == 0 and bool(valid[:, :L].all()):                       # no padding: plain causal
+        mask = torch.ones(valid.shape[0], 1, S, L, dtype=torch.bool, device=valid.device)
+        mask = mask.tril_()                                            # [B, 1, S, L]
+        mask.sdpa_hint = "causal"
+        return mask
+    q_slot = torch.arange(start, L, device=valid.device)[:, None]     # [S, 1]
+    k_slot = torch.arange(L, device=valid.device)[None, :]            # [1, L]
+    causal = k_slot <= q_slot                                          # [S, L]
+    mask = causal[None] & valid[:, None, :L]                           # [B, S, L]
+    mask = mask | (k_slot == q_slot)[None]
+    return mask[:, None]                                               # [B, 1, S, L]
+
+
+@dataclass
+class CacheStep:
+    """The per-step descriptor the model builds once per forward pass and hands every layer.
+
+    Attributes:
+        start: slot of the first new token; the new tokens go to slots ``[start, start+S)``
+            of every row (the paged storage adds its slot mapping in a subclass,
+            :class:`~tokenflow.serving.paged_kv_cache.PagedCacheStep`; layers only pass the step back
+            to ``update``).
+        positions: ``[B,S]`` int64 RoPE position of each new token (counted from the row's
+            first real token; padding gets 0).
+        mask: ``[B,1,S,L]`` bool, what each query may see (:func:`attention_mask_for`),
+            ``L = start + S`` slots after this step.
+    """
+
+    start: int
+    positions: torch.Tensor
+    mask: torch.Tensor
+
+
+def uncached_step(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> CacheStep:
+    """The :class:`CacheStep` of a forward pass without a cache: the ``S`` new tokens attend
+    among themselves (``start = 0``), positions ``cumsum(mask) - 1`` (0 for padding)."""
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
+    m = attention_mask.to(torch.long)
+    positions = (torch.cumsum(m, dim=1) - 1).clamp(min=0)                 # [B, S]
+    return CacheStep(0, positions, attention_mask_for(attention_mask.to(torch.bool), 0,
+                                                      input_ids.shape[1]))
+
+
+class CacheStorage:
+    """The cache interface: what a storage (contiguous, paged) must implement.
+
+    Attributes every storage has: ``config``, ``batch_size``, ``dtype``, ``device``,
+    ``entries`` (:func:`cache_entries` of the config), ``length`` (slots claimed so far;
+    the same for every row), ``num_real [B]`` (real tokens per row).
+
+    Methods to implement: :meth:`begin_step`, :meth:`update`, :meth:`read`, :meth:`reset`,
+    :meth:`nbytes`, :meth:`bytes_per_token`. :meth:`check_model` is shared.
+    """
+
+    config: ModelConfig
+    batch_size: int
+    dtype: torch.dtype
+    device: torch.device
+    entries: tuple[tuple[str, int, int], ...]
+    length: int
+    num_real: torch.Tensor
+
+    def begin_step(self, attention_mask: torch.Tensor | None, batch_size: int, S: int
+                   ) -> CacheStep:
+        """Claim slots for ``S`` new tokens per row and describe the step.
+
+        ``attention_mask [B,S]`` (1 real, 0 left padding; ``None``: all real). Called once per
+        forward pass, before any layer writes.
+
+        Raises:
+            ValueError: batch size differs from the cache's, or the tokens do not fit.
+        """
+        raise NotImplementedError
+
+    def update(self, layer_idx: int, step: CacheStep, *new: torch.Tensor
+               ) -> tuple[torch.Tensor, ...]:
+        """Write the new tokens' entries of one layer (one tensor per entry of
+        :attr:`entries`, each ``[B, heads, S, dim]``) and return every filled slot's entries,
+        ``[B, heads, L, dim]`` each, in the same order, for attention to read."""
+        raise NotImplementedError
+
+    def read(self, layer_idx: int, stop: int) -> tuple[torch.Tensor, ...]:
+        """The entries of slots ``[0, stop)`` of one layer (``[B, heads, stop, dim]`` each),
+        without writing."""
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget every token (length 0), keeping the allocated memory."""
+        raise NotImplementedError
+
+    def nbytes(self) -> int:
+        """Bytes allocated for the entries across all layers."""
+        raise NotImplementedError
+
+    def bytes_per_token(self) -> int:
+        """Bytes one token occupies, all layers and entries; equals
+        :func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token` at this dtype."""
+        raise NotImplementedError
+
+    def check_model(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        """Raise ``ValueError`` unless a model with this config, parameter dtype and device can
+        use the cache (checked once per forward pass, before any layer runs)."""
+        if self.entries != cache_entries(config) or \
+                self.config.num_hidden_layers != config.num_hidden_layers:
+            raise ValueError(f"kv_cache was built for another model: it stores {self.entries} "
+                             f"x {self.config.num_hidden_layers} layers, the model needs "
+                             f"{cache_entries(config)} x {config.num_hidden_layers}")
+        if self.dtype != dtype:
+            raise ValueError(f"kv_cache dtype {self.dtype} does not match the model's "
+                             f"parameters ({dtype}); build the cache with dtype={dtype}")
+        if self.device != device:
+            raise ValueError(f"kv_cache device {self.device} does not match the model's "
+                             f"parameters ({device}); build the cache with device={device}")
+
+
+class KVCache(CacheStorage):
+    """Contiguous cache storage: preallocated per-layer entries for a batch of sequences.
+
+    Args:
+        config: the model config (layers; KV heads and head_dim, or the MLA ranks).
+        batch_size: B.
+        max_len: capacity in tokens per sequence (prompt + generated); defaults to
+            ``config.max_position_embeddings`` and may not exceed it.
+        dtype, device: storage dtype and device (must match the model's parameters).
+
+    Attributes:
+        k, v: GQA: lists of ``[B, n_kv, max_len, D]`` tensors, one per layer.
+        latent, k_rope: MLA: lists of ``[B, 1, max_len, kv_lora_rank]`` and
+            ``[B, 1, max_len, qk_rope_head_dim]`` tensors, one per layer.
+        length: slots filled so far (same for every row; padding fills slots too).
+        valid: ``[B, max_len]`` bool, True where a slot holds a real (non-pad) token.
+        num_real: ``[B]`` int64, real tokens per row (next RoPE position).
+
+    Raises:
+        ValueError: if ``batch_size < 1`` or ``max_len`` is outside
+            ``[1, max_position_embeddings]``.
+    """
+
+    def __init__(self, config: ModelConfig, batch_size: int, max_len: int | None = None,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        if max_len is None:
+            max_len = config.max_position_embeddings
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if not isinstance(max_len, int) or not 1 <= max_len <= config.max_position_embeddings:
+            raise ValueError(
+                f"max_len must be in [1, max_position_embeddings="
+                f"{config.max_position_embeddings}], got {max_len!r}")
+        self.config, self.batch_size, self.max_len = config, batch_size, max_len
+        self.entries = cache_entries(config)
+        self.layers = [tuple(torch.zeros(batch_size, heads, max_len, dim, dtype=dtype,
+                                         device=device) for _, heads, dim in self.entries)
+                       for _ in range(config.num_hidden_layers)]
+        self.valid = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
+        self.num_real = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.dtype, self.device = dtype, self.valid.device
+        self.length = 0
+
+    def _entry(self, name: str) -> list[torch.Tensor]:
+        names = [n for n, _, _ in self.entries]
+        if name not in names:
+            raise AttributeError(f"this cache stores {names}, not {name!r}")
+        i = names.index(name)
+        return [bufs[i] for bufs in self.layers]
+
+    k = property(lambda self: self._entry("k"), doc="GQA keys, one tensor per layer.")
+    v = property(lambda self: self._entry("v"), doc="GQA values, one tensor per layer.")
+    latent = property(lambda self: self._entry("latent"), doc="MLA latents, per layer.")
+    k_rope = property(lambda self: self._entry("k_rope"), doc="MLA RoPE keys, per layer.")
+
+    # ---------------------------------------------------------------- the interface
+    def begin_step(self, attention_mask: torch.Tensor | None, batch_size: int, S: int
+                   ) -> CacheStep:
+        """See :meth:`CacheStorage.begin_step`: the new tokens take slots
+        ``[length, length+S)``."""
+        if batch_size != self.batch_size:
+            raise ValueError(f"input batch size {batch_size} does not match the cache's "
+                             f"{self.batch_size}")
+        if self.length + S > self.max_len:
+            raise ValueError(
+                f"sequence too long for the KV cache: {self.length} cached + {S} new tokens > "
+                f"max_len={self.max_len}")
+        start = self.length
+        if attention_mask is None:                   # all real (the decode loop's case)
+            if S == 1:
+                positions = self.num_real[:, None].clone()                    # [B, 1]
+            else:
+                positions = self.num_real[:, None] + torch.arange(S, device=self.device)
+            self.valid[:, start:start + S] = True
+            self.num_real += S
+        else:
+            mask = attention_mask.to(torch.bool)
+            positions = self.num_real[:, None] + torch.cumsum(mask.long(), dim=1) - 1
+            positions = positions.clamp(min=0)                                 # [B, S]
+            self.valid[:, start:start + S] = mask
+            self.num_real += mask.long().sum(dim=1)
+        self.length += S
+        return CacheStep(start, positions, attention_mask_for(self.valid, start, S))
+
+    def update(self, layer_idx: int, step: CacheStep, *new: torch.Tensor
+               ) -> tuple[torch.Tensor, ...]:
+        """See :meth:`CacheStorage.update`: slots ``[step.start, step.start+S)``."""
+        bufs = self.layers[layer_idx]
+        start, S = step.start, new[0].shape[2]
+        for buf, x in zip(bufs, new):
+            buf.narrow(2, start, S).copy_(x)          # buf[:, :, start:start+S] = x
+        return tuple(buf.narrow(2, 0, start + S) for buf in bufs)        # buf[:, :, :end]
+
+    def read(self, layer_idx: int, stop: int) -> tuple[torch.Tensor, ...]:
+        """See :meth:`CacheStorage.read`."""
+        return tuple(buf.narrow(2, 0, stop) for buf in self.layers[layer_idx])
+
+    def reset(self) -> None:
+        """See :meth:`CacheStorage.reset`: the next ``prefill`` starts a new sequence."""
+        self.valid.zero_()
+        self.num_real.zero_()
+        self.length = 0
+
+    # ---------------------------------------------------------------- reporting
+    def nbytes(self) -> int:
+        """Bytes allocated for the entries across all layers (capacity, not just the filled
+        part)."""
+        return sum(t.nbytes for bufs in self.layers for t in bufs)
+
+    def nbytes_used(self) -> int:
+        """Bytes of the filled slots: ``nbytes() * length / max_len``."""
+        return self.nbytes() * self.length // self.max_len
+
+    def bytes_per_token(self) -> int:
+        """Bytes one token occupies in this cache, all layers and entries."""
+        return self.nbytes() // (self.max_len * self.batch_size)
+
+    def __repr__(self) -> str:
+        c, B, L = self.config, self.batch_size, self.max_len
+        if c.is_mla:
+            return (f"KVCache(layers={c.num_hidden_layers}, MLA per layer: latent "
+                    f"[{B}, 1, {L}, {c.kv_lora_rank}] + RoPE key [{B}, 1, {L}, "
+                    f"{c.qk_rope_head_dim}], filled={self.length})")
+        return (f"KVCache(layers={c.num_hidden_layers}, shape per layer K/V="
+                f"[{B}, {c.num_key_value_heads}, {L}, {c.head_dim}], filled={self.length})")

@@ -1,0 +1,185 @@
+"""Multi-head latent attention (MLA, DeepSeek-V2/V3), reading and writing a compressed cache.
+
+The sibling of :mod:`tokenflow.model.attention` (same ``forward`` signature, same cache interface).
+Follows the DeepSeek-V2 report (arXiv:2405.04434, section 2.1) and Hugging Face
+``DeepseekV3Attention``; module names are HF's, so weights map one to one. Letters: ``nh``
+heads, ``r`` = ``kv_lora_rank``, ``dn`` = ``qk_nope_head_dim``, ``dr`` = ``qk_rope_head_dim``,
+``dv`` = ``v_head_dim``, ``L`` filled cache slots after this step.
+
+* query: ``q_proj`` (or the low-rank path ``q_a_proj -> q_a_layernorm -> q_b_proj`` when
+  ``q_lora_rank`` is set) gives per head ``dn`` un-rotated and ``dr`` rotated numbers.
+* key/value: one joint down-projection ``kv_a_proj_with_mqa`` gives the latent ``[r]``
+  (normalised by ``kv_a_layernorm``) and one RoPE key ``[dr]`` shared by all heads. **Only these
+  two are cached**: ``r + dr`` numbers per token per layer, whatever ``nh`` is.
+* naive form: ``kv_b_proj`` expands the latent of every cached token into per-head keys
+  ``[nh, dn]`` and values ``[nh, dv]``, then ordinary attention with key ``[k_nope, k_rope]``.
+* absorbed form (decode): since ``q_nope . (W_UK c) = (W_UK^T q_nope) . c``, the key
+  up-projection is folded into the query (``q_lat [nh, r]``) and the value up-projection is
+  applied once to the attention-weighted latent: the cache is read as it is, never expanded.
+  Both forms give the same output (tested).
+* softmax scale ``(dn + dr) ** -0.5``, times YaRN's ``mscale**2`` when the config has it
+  (:func:`tokenflow.model.rope.yarn_softmax_scale`).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import _sdpa, _hides_no_key
+from .config import ModelConfig
+from .kv_cache import CacheStep
+from .norm import RMSNorm
+from .rope import apply_rope, yarn_softmax_scale
+
+__all__ = ["MLAttention"]
+
+_LORA_EPS = 1e-6        # HF builds q_a_layernorm / kv_a_layernorm with the default eps
+
+
+class MLAttention(nn.Module):
+    """Multi-head latent attention of one decoder block.
+
+    Args:
+        config: an MLA config (``config.is_mla``): uses ``hidden_size``,
+            ``num_attention_heads``, ``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
+            ``qk_rope_head_dim``, ``v_head_dim``, ``rope_scaling``.
+        layer_idx: which block (selects the cache layer).
+
+    Attributes:
+        absorb: ``None`` (default): absorbed form for decode steps (``S == 1``), naive form
+            for prefill; ``True`` / ``False`` force one form.
+
+    Raises:
+        ValueError: if ``config`` has no MLA fields.
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        if not config.is_mla:
+            raise ValueError("MLAttention needs an MLA config (kv_lora_rank set)")
+        c = config
+        self.layer_idx, self.n_heads = layer_idx, c.num_attention_heads
+        self.r, self.dn, self.dr, self.dv = (c.kv_lora_rank, c.qk_nope_head_dim,
+                                             c.qk_rope_head_dim, c.v_head_dim)
+        H, nh, dq = c.hidden_size, c.num_attention_heads, c.qk_nope_head_dim + c.qk_rope_head_dim
+        self.q_lora = c.q_lora_rank is not None        # query through a low-rank bottleneck
+        if not self.q_lora:
+            self.q_proj = nn.Linear(H, nh * dq, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(H, c.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(c.q_lora_rank, _LORA_EPS)
+            self.q_b_proj = nn.Linear(c.q_lora_rank, nh * dq, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(H, self.r + self.dr, bias=False)
+        self.kv_a_layernorm = RMSNorm(self.r, _LORA_EPS)
+        self.kv_b_proj = nn.Linear(self.r, nh * (self.dn + self.dv), bias=False)
+        self.o_proj = nn.Linear(nh * self.dv, H, bias=False)
+        self.scale = yarn_softmax_scale(c, dq)
+        self.absorb: bool | None = None
+
+    # ------------------------------------------------------------------ the pieces
+    def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x [B,S,H]`` -> ``q_nope [B,nh,S,dn]``, ``q_rope [B,nh,S,dr]`` (rotated)."""
+        B, S, _ = x.shape
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else \
+            self.q_proj(x)
+        q = q.view(B, S, self.n_heads, self.dn + self.dr).transpose(1, 2)  # [B, nh, S, dn+dr]
+        q_nope, q_rope = q.split([self.dn, self.dr], dim=-1)
+        return q_nope, apply_rope(q_rope, cos, sin)
+
+    def latent(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x [B,S,H]`` -> what the cache stores: ``latent [B,1,S,r]`` (normalised) and
+        ``k_rope [B,1,S,dr]`` (rotated)."""
+        B, S, _ = x.shape
+        latent, k_rope = self.kv_a_proj_with_mqa(x).split([self.r, self.dr], dim=-1)
+        latent = self.kv_a_layernorm(latent).view(B, 1, S, self.r)          # [B, 1, S, r]
+        k_rope = apply_rope(k_rope.view(B, 1, S, self.dr), cos, sin)        # [B, 1, S, dr]
+        return latent, k_rope
+
+    def up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``kv_b_proj``'s weight split per head: ``W_UK [nh, dn, r]``, ``W_UV [nh, dv, r]``."""
+        w = self.kv_b_proj.weight.view(self.n_heads, self.dn + self.dv, self.r)
+        return w[:, :self.dn], w[:, self.dn:]
+
+    def attend_naive(self, q_nope, q_rope, latent, k_rope, mask, keep_weights=False):
+        """Expand the cache into per-head K ``[B,nh,L,dn+dr]`` and V ``[B,nh,L,dv]``, then
+        attend. Returns ``(heads [B,nh,S,dv], weights [B,nh,S,L] or None)``."""
+        B, _, L, _ = latent.shape
+        kv = self.kv_b_proj(latent[:, 0]).view(B, L, self.n_heads, self.dn + self.dv)
+        k_nope, v = kv.transpose(1, 2).split([self.dn, self.dv], dim=-1)  # [B,nh,L,dn|dv]
+        k = torch.cat([k_nope, k_rope.expand(-1, self.n_heads, -1, -1)], dim=-1)
+        q = torch.cat([q_nope, q_rope], dim=-1)                           # [B, nh, S, dn+dr]
+        if not keep_weights:
+            # SDPA's fused CPU/GPU kernels want V as wide as Q and K (dn + dr); with a narrower
+            # V they fall back to the math path, which builds the [S, L] scores of every
+            # head. Zero columns appended to V change no output column (HF pads the same way
+            # for FlashAttention); they are cut off again.
+            pad = q.shape[-1] - self.dv
+            vp = F.pad(v, (0, pad)) if pad > 0 else v                     # [B, nh, L, dn+dr]
+            return _sdpa(q, k, vp, mask, scale=self.scale)[..., :self.dv], None
+        weights = _softmax(q @ k.transpose(-1, -2) * self.scale, mask)   # [B, nh, S, L]
+        return weights @ v, weights
+
+    def attend_absorbed(self, q_nope, q_rope, latent, k_rope, mask):
+        """Attend over the cache as stored: ``W_UK`` folded into the query, ``W_UV`` applied
+        after the weighted sum. Returns ``(heads [B,nh,S,dv], weights [B,nh,S,L])``."""
+        w_uk, w_uv = self.up_weights()
+        q_lat = torch.einsum("bhsd,hdr->bhsr", q_nope, w_uk)             # [B, nh, S, r]
+        scores = q_lat @ latent.transpose(-1, -2) + q_rope @ k_rope.transpose(-1, -2)
+        weights = _softmax(scores * self.scale, mask)                     # [B, nh, S, L]
+        ctx = weights @ latent                                            # [B, nh, S, r]
+        return torch.einsum("bhsr,hvr->bhsv", ctx, w_uv), weights         # [B, nh, S, dv]
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                step: CacheStep, kv_cache=None, trace=None) -> torch.Tensor:
+        """One attention step, as :meth:`tokenflow.model.attention.Attention.forward`.
+
+        Args:
+            x: ``[B,S,H]`` normalised hidden states of the new tokens.
+            cos, sin: ``[B,1,S,dr]`` RoPE tables for their positions.
+            step: the forward pass's :class:`~tokenflow.model.kv_cache.CacheStep`.
+            kv_cache: a cache storage built for this config (stores latent and RoPE key), or
+                ``None`` (attend over the new tokens only).
+            trace: optional :class:`~tokenflow.analysis.trace.Trace`.
+
+        Returns:
+            ``[B,S,H]``: the attention output (to be added to the residual stream).
+        """
+        B, S, _ = x.shape
+        q_nope, q_rope = self.query(x, cos, sin)
+        latent, k_rope = self.latent(x, cos, sin)
+        if trace is not None:
+            where = f"layer {self.layer_idx} attention (MLA)"
+        if kv_cache is not None:
+            latent, k_rope = kv_cache.update(self.layer_idx, step, latent, k_rope)
+            if trace is not None:
+                trace.record("write KV", where, x, latent, nbytes=(latent.element_size() * S
+                             * (self.r + self.dr) * B),
+                             note=f"latent + RoPE key of {S} new token(s) -> cache slots "
+                                  f"{step.start}..{step.start + S - 1}")
+        keep = trace is not None and trace.keep_tensors
+        absorb = self.absorb if self.absorb is not None else S == 1
+        if absorb:
+            heads, weights = self.attend_absorbed(q_nope, q_rope, latent, k_rope, step.mask)
+        else:
+            heads, weights = self.attend_naive(q_nope, q_rope, latent, k_rope, step.mask, keep)
+        if keep:
+            trace.attention_weights[self.layer_idx] = weights.detach()
+        out = self.o_proj(heads.transpose(1, 2).reshape(B, S, self.n_heads * self.dv))
+        if trace is not None:
+            trace.record("read KV", where, q_nope, out, nbytes=latent.nbytes + k_rope.nbytes,
+                         note=f"{'absorbed' if absorb else 'naive'} form reads latent "
+                              f"{list(latent.shape)} + RoPE key {list(k_rope.shape)}")
+        return out                                                        # [B, S, H]
+
+
+def _softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Masked softmax over keys, in float32 (as HF's eager attention). A mask that
+    :func:`~tokenflow.model.kv_cache.attention_mask_for` marked as hiding no key (``sdpa_hint ==
+    "none"``, every decode step without padding) is skipped: same values, two ops fewer."""
+    if not _hides_no_key(mask, scores.shape[-1]):
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.float().softmax(dim=-1).to(scores.dtype)

@@ -1,0 +1,694 @@
+"""Mixture of experts: router (top-k), routed + shared experts, dispatch / combine.
+
+Legend: T tokens (B*S), H hidden, E routed experts, K experts per token (top-k), I expert width,
+P = T*K (token, expert) pairs.
+
+What is routed is the token's hidden state ``[H]``: the router (路由 / gate 门控) scores it against
+every expert (专家), keeps ``K`` of ``E``, each chosen expert runs its own SwiGLU FFN on it, and
+combine adds the expert outputs back at the token's position, weighted by the router
+(algorithm view of the seed, section 4). Two router families:
+
+* ``softmax`` (Mixtral, arXiv:2401.04088 section 2.1; Qwen-MoE): ``p = softmax(logits)``,
+  keep the top-k, optionally renormalise them to sum to 1 (``norm_topk_prob``; Mixtral's
+  ``softmax(TopK(logits))`` is the same thing).
+* ``sigmoid`` (DeepSeek-V3, arXiv:2412.19437 section 2.1.2): ``s = sigmoid(logits)``;
+  *selection* uses ``s + e_score_correction_bias`` (the auxiliary-loss-free balancing bias),
+  optionally restricted to the best ``topk_group`` of ``n_group`` expert groups (a group
+  scores the sum of its top-2 biased scores); the *weights* are the unbiased ``s`` of the
+  chosen experts, renormalised if ``norm_topk_prob``, times ``routed_scaling_factor``.
+
+Ties are broken towards the lower expert index (a stable sort), in the vectorised router and in
+the reference loop alike, so both always pick the same experts.
+
+Shared experts (DeepSeekMoE) see every token and are added unweighted.
+
+Ways to run the routed experts, proven equal by the tests:
+
+* :func:`moe_reference_loop`: the obvious way, token by token, expert by expert.
+* :meth:`MoE.dispatch_combine` = :func:`dispatch` -> :func:`run_experts` -> :func:`combine`:
+  sort the ``P`` pairs by expert, run each expert once on its block of rows, scatter-add back.
+  The same grouping is what expert parallelism sends over all-to-all
+  (:mod:`tokenflow.parallel.expert_parallel`). These two are the chapter's teaching pair.
+* :meth:`MoE.grouped_experts`: the same sort, then every expert at once: two grouped matrix
+  products over the experts' weights stacked as HF stores them (``gate_up [E, 2I, H]``,
+  ``down [E, H, I]``; HF's ``grouped_mm`` experts backend). No Python loop over experts, no
+  host sync. :meth:`MoE.one_token_experts`: a single token (batch-1 decode) runs its ``K``
+  experts directly, with no sort at all.
+
+:meth:`MoE.forward` picks the fastest of them (:meth:`MoE.routed_experts`); all give the same
+numbers (the same products, added in the same order).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .ffn import FFN
+from .fused import PackedWeights, linear_weights, packed_rows
+
+__all__ = ["Router", "MoE", "route", "route_reference", "check_top_k", "Dispatch", "dispatch",
+           "run_experts", "combine", "moe_reference_loop", "expert_capacity", "load_stats",
+           "switch_balance_loss", "moe_inputs"]
+
+_SCORING = ("softmax", "sigmoid")
+# Grouped matrix product (torch >= 2.10 public; older: the private op; None: not available).
+_grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+_GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)            # what it accepts
+
+
+# ----------------------------------------------------------------------------- routing
+def check_top_k(top_k, num_experts, name: str = "top_k") -> None:
+    """Raise ``ValueError`` unless ``1 <= top_k <= num_experts`` (both ints, ``num_experts >= 1``).
+
+    ``name`` is the argument name used in the message (e.g. ``num_experts_per_tok``).
+    """
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"num_experts must be an int >= 1, got {num_experts!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise ValueError(f"{name} must be an int, got {type(top_k).__name__} {top_k!r}")
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"{name} must be in [1, num_experts={num_experts}], got {top_k}"
+                         + (" (a token cannot go to more experts than exist)"
+                            if top_k > num_experts else ""))
+
+
+def _check_groups(num_experts: int, top_k: int, n_group: int, topk_group: int) -> None:
+    if n_group < 1 or num_experts % n_group:
+        raise ValueError(f"n_group ({n_group}) must be >= 1 and divide num_experts ({num_experts})")
+    if not 1 <= topk_group <= n_group:
+        raise ValueError(f"topk_group must be in [1, n_group={n_group}], got {topk_group}")
+    if n_group > 1 and topk_group * (num_experts // n_group) < top_k:
+        raise ValueError(f"topk_group * (num_experts // n_group) = "
+                         f"{topk_group * (num_experts // n_group)} must be >= top_k = {top_k}")
+
+
+def _stable_topk(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` largest entries of each row, largest first; on ties the lower
+    index wins (a stable descending sort; ``torch.topk`` does not promise an order)."""
+    return values.sort(dim=-1, descending=True, stable=True).indices[..., :k]
+
+
+def route(x: torch.Tensor, weight: torch.Tensor, top_k: int, *, scoring_func: str = "softmax",
+          norm_topk_prob: bool = True, routed_scaling_factor: float = 1.0, n_group: int = 1,
+          topk_group: int = 1, bias: torch.Tensor | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Choose ``top_k`` experts per token and their weights (vectorised).
+
+    Args:
+        x: ``[T, H]`` hidden states (any float dtype; scored in float32).
+        weight: ``[E, H]`` router weight (HF ``gate.weight``).
+        top_k: K, experts per token, ``1 <= K <= E``.
+        scoring_func: ``"softmax"`` (Mixtral, arXiv:2401.04088 section 2.1) or ``"sigmoid"``
+            (DeepSeek-V3, arXiv:2412.19437 section 2.1.2).
+        norm_topk_prob: renormalise the K chosen weights to sum to 1.
+        routed_scaling_factor: multiplies the final weights (DeepSeek-V3: 2.5).
+        n_group, topk_group: group-limited routing: keep only the ``topk_group`` best of
+            ``n_group`` equal groups of experts (group score: sum of its 2 best selection
+            scores), then pick K among them. ``n_group=1`` disables it.
+        bias: ``[E]`` selection-only bias (``e_score_correction_bias``); added to the sigmoid
+            scores to *choose* experts, never to the weights. Ignored for softmax.
+
+    Returns:
+        ``(indices [T,K] int64, weights [T,K] float32, logits [T,E] float32)``; indices are in
+        decreasing selection score, ties to the lower expert index.
+
+    Raises:
+        ValueError: bad shapes, ``top_k`` outside ``[1, E]``, unknown ``scoring_func``,
+            inconsistent ``n_group`` / ``topk_group``, ``bias`` not ``[E]``.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x must have shape [T, H], got {list(x.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != x.shape[1]:
+        raise ValueError(f"weight must have shape [E, H={x.shape[1]}], got {list(weight.shape)}")
+    E = weight.shape[0]
+    check_top_k(top_k, E)
+    if scoring_func not in _SCORING:
+        raise ValueError(f"scoring_func must be one of {_SCORING}, got {scoring_func!r}")
+    _check_groups(E, top_k, n_group, topk_group)
+    if bias is not None and tuple(bias.shape) != (E,):
+        raise ValueError(f"bias must have shape [E={E}], got {list(bias.shape)}")
+    T = x.shape[0]
+    logits = F.linear(x.float(), weight.float())                          # [T, E]
+    if scoring_func == "softmax":
+        scores = logits.softmax(dim=-1)                                   # [T, E]
+        choice = scores                                                   # [T, E]
+    else:
+        scores = logits.sigmoid()                                         # [T, E]
+        choice = scores if bias is None else scores + bias.float()        # [T, E]
+    if n_group > 1:
+        grouped = choice.view(T, n_group, E // n_group)                   # [T, G, E/G]
+        best2 = grouped.topk(min(2, E // n_group), dim=-1).values         # [T, G, 2]
+        group_scores = best2.sum(-1)                                      # [T, G]
+        keep = _stable_topk(group_scores, topk_group)                     # [T, topk_group]
+        dropped = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, keep, False)
+        choice = grouped.masked_fill(dropped[..., None], float("-inf")).view(T, E)  # [T, E]
+    indices = _stable_topk(choice, top_k)                                 # [T, K]
+    weights = scores.gather(1, indices)                                   # [T, K] unbiased
+    if norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)   # [T, K]
+    if routed_scaling_factor != 1.0:                                      # x * 1.0 == x
+        weights = weights * routed_scaling_factor                         # [T, K]
+    return indices, weights, logits
+
+
+class Router(nn.Module):
+    """Scores each token against each expert and picks ``K`` of ``E`` (see :func:`route`).
+
+    Parameters: ``weight [E, H]`` (HF ``gate.weight``); buffer
+    ``e_score_correction_bias [E]`` (used by the sigmoid family for selection only).
+    Attributes mirror the config: ``top_k``, ``scoring_func``, ``norm_topk_prob``,
+    ``routed_scaling_factor``, ``n_group``, ``topk_group``.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_experts = config.num_experts
+        self.top_k = config.num_experts_per_tok
+        self.scoring_func = config.scoring_func
+        self.norm_topk_prob = config.norm_topk_prob
+        self.routed_scaling_factor = config.routed_scaling_factor
+        self.n_group = config.n_group
+        self.topk_group = config.topk_group
+        self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
+        nn.init.normal_(self.weight, std=0.02)
+        self.register_buffer("e_score_correction_bias", torch.zeros(config.num_experts))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Route tokens.
+
+        Args:
+            x: ``[T, H]`` hidden states.
+
+        Returns:
+            ``(indices [T,K] int64, weights [T,K] float32, logits [T,E] float32)``. Indices
+            are ordered by decreasing selection score (ties: lower expert index first).
+
+        Raises:
+            ValueError: from :func:`route` (e.g. ``top_k`` changed to more than ``E``).
+        """
+        return route(x, self.weight, self.top_k, scoring_func=self.scoring_func,
+                     norm_topk_prob=self.norm_topk_prob,
+                     routed_scaling_factor=self.routed_scaling_factor, n_group=self.n_group,
+                     topk_group=self.topk_group,
+                     bias=self.e_score_correction_bias if self.scoring_func == "sigmoid" else None)
+
+
+def route_reference(router: Router, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router written the obvious way: one token at a time, experts chosen by Python's
+    ``sorted`` on ``(-score, expert)``. Slow; used by the tests and the chapter to check
+    :func:`route`.
+
+    Args:
+        router: a :class:`Router`.
+        x: ``[T, H]``.
+
+    Returns:
+        ``(indices [T,K] int64, weights [T,K] float32)``.
+
+    Raises:
+        ValueError: if ``x`` is not ``[T, H]`` or ``router.top_k`` is outside ``[1, E]``.
+    """
+    if x.dim() != 2 or x.shape[1] != router.weight.shape[1]:
+        raise ValueError(f"x must have shape [T, H={router.weight.shape[1]}], got {list(x.shape)}")
+    E, K = router.weight.shape[0], router.top_k
+    check_top_k(K, E)
+    G = router.n_group
+    per_group = E // G
+    all_idx, all_w = [], []
+    for t in range(x.shape[0]):
+        logits = (x[t:t + 1].float() @ router.weight.float().t())[0]           # [E]
+        if router.scoring_func == "softmax":
+            scores = logits.softmax(-1).tolist()
+            choice = list(scores)
+        else:
+            scores = logits.sigmoid().tolist()
+            bias = router.e_score_correction_bias.float().tolist()
+            choice = [s + b for s, b in zip(scores, bias)]
+        allowed = list(range(E))
+        if G > 1:
+            group_score = [sum(sorted(choice[g * per_group:(g + 1) * per_group],
+                                      reverse=True)[:2]) for g in range(G)]
+            best_groups = sorted(range(G), key=lambda g: (-group_score[g], g))[:router.topk_group]
+            allowed = [e for e in range(E) if e // per_group in best_groups]
+        chosen = sorted(allowed, key=lambda e: (-choice[e], e))[:K]
+        w = [scores[e] for e in chosen]                                         # unbiased
+        if router.norm_topk_prob:
+            total = sum(w)
+            w = [v / (total + 1e-20) for v in w]
+        all_idx.append(chosen)
+        all_w.append([v * router.routed_scaling_factor for v in w])
+    return (torch.tensor(all_idx, dtype=torch.int64).view(-1, K),
+            torch.tensor(all_w, dtype=torch.float32).view(-1, K))
+
+
+# ----------------------------------------------------------------------------- dispatch
+@dataclass
+class Dispatch:
+    """The ``P = T*K`` (token, expert) pairs, grouped by expert: what dispatch sends.
+
+    Attributes:
+        hidden: ``[P, H]`` the routed hidden states (copies of token rows), expert 0's block
+            first, then expert 1's...
+        token: ``[P]`` int64, the token each row came from (where combine puts it back).
+        expert: ``[P]`` int64, non-decreasing, the expert each row goes to.
+        weight: ``[P]`` float32, the router weight of the pair.
+        counts: ``[E]`` int64, rows per expert (the sizes of the blocks).
+        num_tokens: T.
+    """
+
+    hidden: torch.Tensor
+    token: torch.Tensor
+    expert: torch.Tensor
+    weight: torch.Tensor
+    counts: torch.Tensor
+    num_tokens: int
+
+
+def dispatch(x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
+             num_experts: int) -> Dispatch:
+    """Dispatch: copy each token's hidden state once per chosen expert and group the copies by
+    expert (a stable sort, so within an expert rows keep token order).
+
+    Args:
+        x: ``[T, H]``; indices: ``[T, K]`` int64 in ``[0, num_experts)``; weights: ``[T, K]``.
+        num_experts: E.
+
+    Returns:
+        a :class:`Dispatch` with ``hidden [T*K, H]``.
+
+    Raises:
+        ValueError: shape mismatch, or an index outside ``[0, num_experts)``.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x must have shape [T, H], got {list(x.shape)}")
+    if indices.dim() != 2 or indices.shape[0] != x.shape[0]:
+        raise ValueError(f"indices must have shape [T={x.shape[0]}, K], got {list(indices.shape)}")
+    if weights.shape != indices.shape:
+        raise ValueError(f"weights must have the shape of indices {list(indices.shape)}, "
+                         f"got {list(weights.shape)}")
+    if num_experts < 1:
+        raise ValueError(f"num_experts must be >= 1, got {num_experts}")
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= num_experts):
+        raise ValueError(f"indices must be in [0, num_experts={num_experts})")
+    K = indices.shape[1]
+    flat_expert = indices.reshape(-1)                                     # [P]
+    order = flat_expert.argsort(stable=True)                              # [P]
+    token = order // K                                                    # [P]
+    return Dispatch(hidden=x[token],                                      # [P, H]
+                    token=token,
+                    expert=flat_expert[order],                            # [P]
+                    weight=weights.reshape(-1)[order].float(),            # [P]
+                    counts=torch.bincount(flat_expert, minlength=num_experts),  # [E]
+                    num_tokens=x.shape[0])
+
+
+def run_experts(experts, hidden: torch.Tensor, counts) -> torch.Tensor:
+    """Expert compute: run expert ``e`` once on its block of ``counts[e]`` rows.
+
+    Args:
+        experts: a sequence of ``E`` modules ``[n, H] -> [n, H]``.
+        hidden: ``[P, H]`` rows grouped by expert (as :func:`dispatch` returns them).
+        counts: ``[E]`` rows per expert (tensor or list), summing to ``P``.
+
+    Returns:
+        ``[P, H]`` expert outputs, row for row.
+
+    Raises:
+        ValueError: if ``len(counts) != len(experts)`` or the counts do not sum to ``P``.
+    """
+    counts = counts.tolist() if isinstance(counts, torch.Tensor) else list(counts)
+    if len(counts) != len(experts):
+        raise ValueError(f"counts must have one entry per expert ({len(experts)}), "
+                         f"got {len(counts)}")
+    if sum(counts) != hidden.shape[0]:
+        raise ValueError(f"counts must sum to the number of rows {hidden.shape[0]}, "
+                         f"got {sum(counts)}")
+    out = torch.empty_like(hidden)                                        # [P, H]
+    begin = 0
+    for e, n in enumerate(counts):
+        if n:
+            out[begin:begin + n] = experts[e](hidden[begin:begin + n])    # [n, H]
+        begin += n
+    return out
+
+
+def combine(expert_out: torch.Tensor, d: Dispatch) -> torch.Tensor:
+    """Combine: weight each expert output by its router weight and add it back at its token's
+    position: ``out[token[p]] += weight[p] * expert_out[p]``.
+
+    Args:
+        expert_out: ``[P, H]`` in the row order of ``d``.
+        d: the :class:`Dispatch` the rows came from.
+
+    Returns:
+        ``[T, H]``, in the original token order.
+
+    Raises:
+        ValueError: if ``expert_out`` does not have ``P`` rows.
+    """
+    if expert_out.dim() != 2 or expert_out.shape[0] != d.token.shape[0]:
+        raise ValueError(f"expert_out must have shape [P={d.token.shape[0]}, H], "
+                         f"got {list(expert_out.shape)}")
+    out = expert_out.new_zeros(d.num_tokens, expert_out.shape[1])         # [T, H]
+    out.index_add_(0, d.token, expert_out * d.weight.to(expert_out.dtype)[:, None])
+    return out
+
+
+# ----------------------------------------------------------------------------- the module
+class MoE(PackedWeights, nn.Module):
+    """Sparse feed-forward ``[B,S,H] -> [B,S,H]``: router, ``E`` routed SwiGLU experts of
+    width ``moe_intermediate_size``, and ``num_shared_experts`` shared experts (fused into
+    one SwiGLU of width ``num_shared_experts * moe_intermediate_size``, as DeepSeek does).
+
+    Submodules (HF names): ``gate`` (:class:`Router`), ``experts[i]`` (:class:`FFN` with
+    ``gate_proj / up_proj / down_proj``), ``shared_experts`` (:class:`FFN` or ``None``).
+    ``config`` keeps the :class:`ModelConfig` it was built from (so copies can be rebuilt,
+    e.g. on the ranks of :mod:`tokenflow.parallel.expert_parallel`).
+
+    The routed experts' weights live in two stacked tensors (see :meth:`stacked_weights`);
+    each ``experts[i]`` Linear weight is a view of its slice, so there is one copy.
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int = 0):
+        super().__init__()
+        if config.num_experts < 1:
+            raise ValueError(f"num_experts must be >= 1 for an MoE layer, got {config.num_experts}")
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_experts = config.num_experts
+        self.top_k = config.num_experts_per_tok
+        self.gate = Router(config)
+        self.experts = nn.ModuleList(FFN(config.hidden_size, config.moe_intermediate_size)
+                                     for _ in range(config.num_experts))
+        self.shared_experts = (FFN(config.hidden_size,
+                                   config.moe_intermediate_size * config.num_shared_experts)
+                               if config.num_shared_experts > 0 else None)
+        self.stacked_weights()             # one copy of the expert weights, stacked
+
+    # ------------------------------------------------------------- stacked expert weights
+    def stacked_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The routed experts' weights in HF's layout (``Qwen2MoeExperts``, ``MixtralExperts``):
+        ``gate_up [E, 2I, H]`` (expert ``e``'s ``gate_proj`` rows, then its ``up_proj`` rows)
+        and ``down [E, H, I]``.
+
+        One copy of the weights (:func:`tokenflow.model.fused.packed_rows`): stacking moves them
+        into these two tensors and makes each ``experts[e].gate_proj.weight`` (and up, down) a
+        view of its slice, so in-place updates (``load_state_dict``, an optimiser step) show
+        in both. If a weight was replaced since (``.to(dtype)``,
+        ``load_state_dict(assign=True)``, a new expert module), this call notices (the views'
+        data pointers changed) and stacks again.
+        """
+        ws = [linear_weights(f, ("gate_proj", "up_proj", "down_proj")) for f in self.experts]
+        E, (H, I) = len(ws), ws[0][2].shape
+        before = self.__dict__.get("_packed", {}).get("gate_up")
+        gate_up = packed_rows(self, "gate_up", [w for g, u, _ in ws for w in (g, u)])  # [E*2I, H]
+        down = packed_rows(self, "down", [d for _, _, d in ws])                        # [E*H, I]
+        if self._packed["gate_up"] is not before:      # stacked again: the experts' own
+            for f in self.experts:                     # packed gate_up views are stale
+                f.__dict__.pop("_packed", None)
+        return gate_up.view(E, 2 * I, H), down.view(E, H, I)
+
+    # ------------------------------------------------------------- ways to run the experts
+    def dispatch_combine(self, x: torch.Tensor, indices: torch.Tensor,
+                         weights: torch.Tensor) -> torch.Tensor:
+        """Vectorised dispatch -> expert compute -> combine.
+
+        Sorts the ``T*K`` (token, expert) pairs by expert, runs each expert once on its
+        contiguous block of hidden states, scales by the router weight and scatter-adds
+        the results back to the token positions.
+
+        Args:
+            x: ``[T, H]``; indices, weights: ``[T, K]``.
+
+        Returns:
+            ``[T, H]``: the routed part of the MoE output.
+
+        Raises:
+            ValueError: from :func:`dispatch` (shapes, indices outside ``[0, E)``).
+        """
+        d = dispatch(x, indices, weights, self.num_experts)               # hidden [T*K, H]
+        expert_out = run_experts(self.experts, d.hidden, d.counts)        # [T*K, H]
+        return combine(expert_out, d)                                     # [T, H]
+
+    def grouped_experts(self, x: torch.Tensor, indices: torch.Tensor,
+                        weights: torch.Tensor) -> torch.Tensor:
+        """:meth:`dispatch_combine` with every expert at once: sort the pairs by expert, then
+        one grouped matrix product for all experts' gate and up projections and one for their
+        down projections, over :meth:`stacked_weights` (``offs``: where each expert's block
+        of rows ends). No loop over experts and no host sync: what HF's ``grouped_mm``
+        experts backend does. Inference only (the stacked tensors carry no gradient).
+
+        Args:
+            x: ``[T, H]``; indices, weights: ``[T, K]`` from the router (not checked).
+
+        Returns:
+            ``[T, H]``: the routed part of the MoE output.
+        """
+        gate_up, down = self.stacked_weights()                            # [E,2I,H], [E,H,I]
+        T, K = indices.shape
+        I = down.shape[2]
+        flat_expert = indices.reshape(-1)                                 # [P]
+        order = flat_expert.argsort(stable=True)                          # [P]
+        token = order // K                                                # [P]
+        offs = torch.bincount(flat_expert, minlength=self.num_experts).cumsum(
+            0, dtype=torch.int32)                                         # [E] block ends
+        h = _grouped_mm(x[token], gate_up.transpose(1, 2), offs=offs)     # [P, 2I]
+        h = F.silu(h[:, :I]) * h[:, I:]                                   # [P, I]
+        y = _grouped_mm(h, down.transpose(1, 2), offs=offs)               # [P, H]
+        y = y * weights.reshape(-1)[order].to(y.dtype)[:, None]           # [P, H]
+        return x.new_zeros(T, x.shape[1]).index_add_(0, token, y)         # [T, H]
+
+    def one_token_experts(self, x: torch.Tensor, indices: torch.Tensor,
+                          weights: torch.Tensor) -> torch.Tensor:
+        """A single token (batch-1 decode): run its ``K`` experts one after the other and add
+        ``w_k * expert_k(x)``, in expert order (the order :func:`combine` adds them in).
+        Reads the ``K`` expert ids and weights on the host (``tolist``; on the CPU a plain
+        read, not a wait for a device).
+
+        Args:
+            x: ``[1, H]``; indices, weights: ``[1, K]`` from the router (not checked).
+
+        Returns:
+            ``[1, H]``: the routed part of the MoE output.
+        """
+        out = None
+        for e, w in sorted(zip(indices[0].tolist(), weights[0].tolist())):
+            y = self.experts[e](x) * w                                     # [1, H]
+            out = y if out is None else out + y
+        return out
+
+    def routed_experts(self, x: torch.Tensor, indices: torch.Tensor,
+                       weights: torch.Tensor) -> torch.Tensor:
+        """The routed part ``[T, H]`` by the fastest equal path: :meth:`dispatch_combine`
+        when gradients are on (training: per-expert weights get their gradients), there is
+        no grouped matrix product or it does not take the dtype (float64);
+        :meth:`one_token_experts` for one token on the CPU (for large experts, one
+        matrix-vector product per chosen expert beats the grouped kernel); else
+        :meth:`grouped_experts`."""
+        T = x.shape[0]
+        if (torch.is_grad_enabled() or _grouped_mm is None or T == 0
+                or x.dtype not in _GROUPED_DTYPES):
+            return self.dispatch_combine(x, indices, weights)
+        if T == 1 and x.device.type == "cpu":
+            return self.one_token_experts(x, indices, weights)
+        return self.grouped_experts(x, indices, weights)
+
+    def forward(self, x: torch.Tensor, trace=None) -> torch.Tensor:
+        """``x [B,S,H] -> [B,S,H]``; records ``route top-k`` and ``dispatch/combine``.
+
+        Raises:
+            ValueError: ``x`` not ``[B, S, H]`` with ``H = hidden_size``; from :func:`route`
+                (e.g. ``gate.top_k`` changed to more than ``E``).
+        """
+        H = self.gate.weight.shape[1]
+        if x.dim() != 3 or x.shape[2] != H:
+            raise ValueError(f"x must have shape [B, S, H={H}], got {list(x.shape)}")
+        B, S, _ = x.shape
+        flat = x.reshape(B * S, H)                                        # [T, H]
+        indices, weights, logits = self.gate(flat)                        # [T, K] x2, [T, E]
+        if self.training:
+            self.aux_loss = switch_balance_loss(logits, indices, self.num_experts)
+        out = self.routed_experts(flat, indices, weights)                 # [T, H]
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)
+        out = out.view(B, S, H)
+        if trace is not None:
+            self._record(trace, flat, out, indices, weights, logits)
+        return out
+
+    def _record(self, trace, flat, out, indices, weights, logits) -> None:
+        where = f"layer {self.layer_idx} MoE"
+        K = indices.shape[1]
+        trace.record("route top-k", where, flat, indices,
+                     note=f"{K} of {self.num_experts} experts per token")
+        trace.record("dispatch/combine", where, flat, out,
+                     note=f"{flat.shape[0] * K} (token, expert) pairs, weighted sum back")
+        if trace.keep_tensors:
+            trace.router[self.layer_idx] = {"indices": indices.detach(),
+                                            "weights": weights.detach(),
+                                            "logits": logits.detach()}
+
+
+def moe_reference_loop(moe: MoE, x: torch.Tensor, indices: torch.Tensor | None = None,
+                       weights: torch.Tensor | None = None) -> torch.Tensor:
+    """The obvious way to run an MoE layer: for each token, for each of its K experts,
+    ``out[t] += w[t,k] * expert(x[t])``; then add the shared experts.
+
+    Args:
+        moe: an :class:`MoE`.
+        x: ``[T, H]`` or ``[B, S, H]``.
+        indices, weights: ``[T, K]`` router choices; if omitted they come from
+            :func:`route_reference` (so routing is checked too).
+
+    Returns:
+        the MoE output, shaped like ``x``.
+
+    Raises:
+        ValueError: if ``x`` is not ``[..., H]`` or only one of ``indices`` / ``weights`` is given.
+    """
+    H = moe.gate.weight.shape[1]
+    if x.dim() not in (2, 3) or x.shape[-1] != H:
+        raise ValueError(f"x must have shape [T, H] or [B, S, H] with H={H}, got {list(x.shape)}")
+    if (indices is None) != (weights is None):
+        raise ValueError("give both indices and weights, or neither")
+    flat = x.reshape(-1, H)                                               # [T, H]
+    if indices is None:
+        indices, weights = route_reference(moe.gate, flat)                # [T, K] x2
+    out = torch.zeros_like(flat)                                          # [T, H]
+    for t in range(flat.shape[0]):
+        for k in range(indices.shape[1]):
+            e = int(indices[t, k])
+            out[t] += weights[t, k].to(flat.dtype) * moe.experts[e](flat[t])   # [H]
+        if moe.shared_experts is not None:
+            out[t] += moe.shared_experts(flat[t])                         # [H]
+    return out.view_as(x)
+
+
+# ----------------------------------------------------------------------------- load
+def expert_capacity(num_tokens: int, num_experts: int, top_k: int,
+                    capacity_factor: float = 1.0) -> int:
+    """Rows an expert accepts in a capacity-limited MoE:
+    ``ceil(capacity_factor * num_tokens * top_k / num_experts)``.
+
+    GShard (arXiv:2006.16668) and Switch Transformer (arXiv:2101.03961, section
+    2.2: "expert capacity = tokens per batch / number of experts x capacity factor") drop the
+    pairs beyond it; DeepSeek-V3 drops none (arXiv:2412.19437, section 2.1.2, "No
+    Token-Dropping"), so there it is only a yardstick for imbalance.
+
+    Raises:
+        ValueError: ``num_tokens < 0``, bad ``top_k`` / ``num_experts``, ``capacity_factor <= 0``.
+    """
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+    check_top_k(top_k, num_experts)
+    if not capacity_factor > 0:
+        raise ValueError(f"capacity_factor must be > 0, got {capacity_factor!r}")
+    exact = Fraction(str(capacity_factor)) * num_tokens * top_k / num_experts   # no 2.0000001
+    return math.ceil(exact)
+
+
+def load_stats(indices: torch.Tensor, num_experts: int,
+               capacity_factor: float | None = None) -> dict:
+    """Tokens per expert and load imbalance for router choices ``indices [T,K]``.
+
+    Returns:
+        dict with
+
+        * ``counts`` ``[E]`` int64: (token, expert) pairs each expert received;
+        * ``fraction`` ``[E]``: share of the ``T*K`` pairs;
+        * ``mean``: ``T*K/E``, the count of a perfectly balanced expert;
+        * ``imbalance``: max count / mean count (1.0 is perfectly even; ``imbalance - 1`` is
+          the "MaxVio" of the auxiliary-loss-free balancing paper, arXiv:2408.15664);
+        * ``cv``: standard deviation / mean of the counts;
+        * with ``capacity_factor``: ``capacity`` (:func:`expert_capacity`), ``capacity_used``
+          ``[E]`` (count / capacity), ``overflow`` ``[E]`` (pairs beyond capacity),
+          ``dropped`` (their total) and ``dropped_fraction`` (of ``T*K``): what a
+          capacity-limited MoE (GShard / Switch) would drop.
+
+    Raises:
+        ValueError: ``indices`` not ``[T, K]``, ``num_experts < 1``, an index outside
+            ``[0, num_experts)``, ``K > num_experts`` or ``capacity_factor <= 0``.
+    """
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"num_experts must be an int >= 1, got {num_experts!r}")
+    if indices.dim() != 2:
+        raise ValueError(f"indices must have shape [T, K], got {list(indices.shape)}")
+    T, K = indices.shape
+    if K > num_experts:
+        raise ValueError(f"indices has K={K} columns but num_experts={num_experts}: "
+                         f"top_k must be in [1, num_experts]")
+    if indices.numel() and (indices.min() < 0 or indices.max() >= num_experts):
+        raise ValueError(f"indices must be in [0, num_experts={num_experts})")
+    counts = torch.bincount(indices.reshape(-1), minlength=num_experts)   # [E]
+    total = T * K
+    mean = total / num_experts
+    cf = counts.float()
+    out = {"counts": counts,
+           "fraction": cf / max(total, 1),
+           "mean": mean,
+           "imbalance": int(counts.max()) / mean if total else 1.0,
+           "cv": float(cf.std(correction=0) / mean) if total else 0.0}
+    if capacity_factor is not None:
+        cap = expert_capacity(T, num_experts, max(K, 1), capacity_factor) if K else 0
+        overflow = (counts - cap).clamp(min=0)
+        out.update(capacity=cap,
+                   capacity_used=cf / max(cap, 1),
+                   overflow=overflow,
+                   dropped=int(overflow.sum()),
+                   dropped_fraction=float(overflow.sum()) / max(total, 1))
+    return out
+
+
+def switch_balance_loss(logits: torch.Tensor, indices: torch.Tensor, num_experts: int
+                        ) -> torch.Tensor:
+    """Load-balancing auxiliary loss used only in training: ``E * sum_e f_e * P_e``, with
+    ``f_e`` the share of assignments to expert ``e`` and ``P_e`` its mean router probability
+    (Switch Transformer, Fedus et al. 2021, arXiv:2101.03961, eq. 4). 1.0 when balanced.
+    """
+    f = torch.bincount(indices.reshape(-1), minlength=num_experts).float()
+    f = f / f.sum()
+    P = logits.softmax(dim=-1).mean(dim=0)
+    return num_experts * (f * P).sum()
+
+
+# ----------------------------------------------------------------------------- helpers
+@torch.no_grad()
+def moe_inputs(model, input_ids: torch.Tensor, layer_idx: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``model`` on ``input_ids`` and capture what MoE layer ``layer_idx`` received and
+    returned (its input is the post-attention RMSNorm of the residual stream).
+
+    Args:
+        model: a :class:`~tokenflow.model.transformer.TokenFlowModel`.
+        input_ids: ``[B, S]``.
+        layer_idx: a layer whose ``mlp`` is an :class:`MoE`.
+
+    Returns:
+        ``(x [B,S,H], out [B,S,H])``.
+
+    Raises:
+        ValueError: if ``layer_idx`` is out of range or that layer is dense.
+    """
+    n = len(model.layers)
+    if not 0 <= layer_idx < n:
+        raise ValueError(f"layer_idx must be in [0, {n}), got {layer_idx}")
+    mlp = model.layers[layer_idx].mlp
+    if not isinstance(mlp, MoE):
+        raise ValueError(f"layer_idx {layer_idx} is a dense FFN layer, not MoE")
+    seen = {}
+
+    def hook(module, args, output):
+        seen["x"], seen["out"] = args[0].detach(), output.detach()
+
+    handle = mlp.register_forward_hook(hook)
+    try:
+        model(input_ids)
+    finally:
+        handle.remove()
+    return seen["x"], seen["out"]

@@ -1,0 +1,204 @@
+"""The shared model: embedding -> decoder blocks -> final norm -> LM head.
+
+One forward pass, in the seed's arrow actions::
+
+    input_ids [B,S] --lookup--> hidden [B,S,H]
+      for each block:  hidden += Attention(RMSNorm(hidden))    (write KV, read KV)
+                       hidden += FFN or MoE(RMSNorm(hidden))   (route top-k, dispatch/combine)
+    RMSNorm(hidden) --project vocab--> logits [B,S,V]
+
+The math is Llama's (``LlamaForCausalLM``) with a Mixtral / DeepSeek-style MoE feed-forward,
+so weights map one-to-one onto Hugging Face modules (see ``tokenflow.interop``).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import Attention
+from .config import ModelConfig
+from .ffn import FFN
+from .kv_cache import CacheStorage, KVCache, uncached_step
+from .mla import MLAttention
+from .moe import MoE
+from .norm import RMSNorm
+from .rope import RotaryEmbedding
+
+__all__ = ["RMSNorm", "DecoderBlock", "TokenFlowModel"]
+
+
+class DecoderBlock(nn.Module):
+    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``; ``attn`` is GQA
+    (:class:`~tokenflow.model.attention.Attention`) or MLA (:class:`~tokenflow.model.mla.MLAttention`,
+    when ``config.is_mla``); ``mlp`` is an
+    :class:`~tokenflow.model.ffn.FFN` or an :class:`~tokenflow.model.moe.MoE` (``config.layer_is_moe``)."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = MLAttention(config, layer_idx) if config.is_mla else \
+            Attention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.is_moe = config.layer_is_moe(layer_idx)
+        self.mlp = MoE(config, layer_idx) if self.is_moe else FFN(config.hidden_size,
+                                                                  config.intermediate_size)
+
+    def forward(self, h, cos, sin, step, kv_cache=None, trace=None):
+        """``h [B,S,H] -> [B,S,H]`` (the residual stream after this block); ``step`` is the
+        pass's :class:`~tokenflow.model.kv_cache.CacheStep`."""
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, step, kv_cache, trace)
+        x = self.post_attention_layernorm(h)
+        if self.is_moe:
+            return h + self.mlp(x, trace)
+        out = self.mlp(x)
+        if trace is not None:
+            trace.record("FFN", f"layer {self.layer_idx} FFN", x, out, note="dense SwiGLU")
+        return h + out
+
+
+class TokenFlowModel(nn.Module):
+    """The tiny decoder-only LLM every chapter runs.
+
+    Modules (HF names): ``embed_tokens [V,H]``, ``layers`` (``num_hidden_layers``
+    :class:`DecoderBlock`), ``norm``, ``lm_head [V,H]`` (tied to ``embed_tokens`` when
+    ``config.tie_word_embeddings``).
+    """
+
+    def __init__(self, config: ModelConfig):
+        """Raises ``ValueError`` naming the fields the modules do not build
+        (``config.fields_not_built()``: biases, sliding windows, LayerNorm, ... are counted by
+        :mod:`tokenflow.analysis.costmodel` but not run)."""
+        super().__init__()
+        if config.fields_not_built():
+            raise ValueError(f"TokenFlowModel does not build {config.fields_not_built()} "
+                             "(cost-model fields); leave them at their defaults")
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderBlock(config, i)
+                                    for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rotary = RotaryEmbedding(config)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    # ----------------------------------------------------------------- checks
+    def _check_inputs(self, input_ids, kv_cache, attention_mask):
+        c = self.config
+        if not isinstance(input_ids, torch.Tensor):
+            raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"input_ids must be an integer tensor (int64), got {input_ids.dtype}")
+        if input_ids.dim() != 2 or input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
+            raise ValueError(f"input_ids must have shape [B, S] with B, S >= 1, "
+                             f"got {list(input_ids.shape)}")
+        lo, hi = (int(t) for t in torch.aminmax(input_ids))                # one pass
+        if lo < 0 or hi >= c.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"input_ids must be in [0, vocab_size={c.vocab_size}), "
+                             f"found token id {bad}")
+        if kv_cache is not None:
+            if not isinstance(kv_cache, CacheStorage):
+                raise TypeError(f"kv_cache must be a KVCache (a CacheStorage) or None, "
+                                f"got {type(kv_cache).__name__}")
+            p = self.embed_tokens.weight
+            kv_cache.check_model(c, p.dtype, p.device)
+        past = kv_cache.length if kv_cache is not None else 0
+        S = input_ids.shape[1]
+        if past + S > c.max_position_embeddings:
+            raise ValueError(f"sequence length {past + S} ({past} cached + {S} new) exceeds "
+                             f"max_position_embeddings={c.max_position_embeddings}")
+        if attention_mask is not None:
+            self._check_mask(attention_mask, input_ids, kv_cache)
+
+    @staticmethod
+    def _check_mask(mask, input_ids, kv_cache):
+        """Only left padding is supported: per row zeros, then ones; no padding after a row's
+        real tokens have started (also across calls with a cache)."""
+        if not isinstance(mask, torch.Tensor) or mask.shape != input_ids.shape:
+            shape = list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise ValueError(f"attention_mask must be a tensor with the shape of input_ids "
+                             f"{list(input_ids.shape)}, got {shape}")
+        if mask.is_floating_point() or mask.is_complex():
+            raise TypeError(f"attention_mask must be an integer or bool tensor of 0/1, "
+                            f"got {mask.dtype}")
+        m = mask.long()
+        if ((m != 0) & (m != 1)).any():
+            raise ValueError("attention_mask values must be 0 (left padding) or 1 (real token)")
+        if (m[:, 1:] < m[:, :-1]).any():
+            raise ValueError("attention_mask must be left padding only: in each row all 0s "
+                             "come before all 1s (right padding or holes are not supported)")
+        if kv_cache is not None:
+            started = kv_cache.num_real > 0                                  # [B]
+            if (started & (m == 0).any(dim=1)).any():
+                raise ValueError("attention_mask has padding (0) in a row that already has "
+                                 "real tokens in the KV cache; padding must come first")
+        elif (m.sum(dim=1) == 0).any():
+            raise ValueError("attention_mask has a row with no real token (all 0)")
+
+    # ----------------------------------------------------------------- forward
+    def forward(self, input_ids: torch.Tensor, kv_cache: KVCache | None = None, trace=None,
+                attention_mask: torch.Tensor | None = None,
+                logits_to_keep: int = 0) -> torch.Tensor:
+        """Run the model on new tokens.
+
+        Args:
+            input_ids: ``[B,S]`` int64 token ids in ``[0, vocab_size)``.
+            kv_cache: a :class:`KVCache` of this model's dtype and device; the new tokens'
+                K/V (MLA: latent and RoPE key) are written after the cached ones and attention
+                reads all of them (prefill: empty cache and the whole prompt; decode:
+                ``S == 1``; chunked prefill: the prompt in pieces, one call each).
+                ``None``: no cache, attend within ``input_ids``.
+            trace: an optional :class:`~tokenflow.analysis.trace.Trace` that records arrow actions.
+            attention_mask: ``[B,S]`` 1 for real tokens, 0 for left padding (default all 1).
+                RoPE positions count from each row's first real token.
+            logits_to_keep: if > 0, compute logits only for the last that many positions.
+
+        Returns:
+            logits ``[B, S, V]`` float (``[B, logits_to_keep, V]`` if given).
+
+        Raises:
+            TypeError: input_ids not an integer tensor; kv_cache not a cache.
+            ValueError: ids outside ``[0, vocab_size)``; cached + new tokens longer than
+                ``max_position_embeddings`` or the cache capacity; mask shape mismatch; a
+                cache of another dtype, device or model (naming both).
+        """
+        self._check_inputs(input_ids, kv_cache, attention_mask)
+        B, S = input_ids.shape
+        if kv_cache is not None:       # claim slots: positions, slots, mask (one descriptor)
+            step = kv_cache.begin_step(attention_mask, B, S)
+        else:
+            step = uncached_step(attention_mask, input_ids)
+        cos, sin = self.rotary(step.positions)                              # [B, 1, S, D]
+
+        h = self.embed_tokens(input_ids)                                    # [B, S, H]
+        if trace is not None:
+            trace.record("lookup", "embedding", input_ids, h,
+                         note=f"[B,S] -> [B,S,H]: row id of table [{self.config.vocab_size}, "
+                              f"{self.config.hidden_size}]")
+            if trace.keep_tensors:
+                trace.hidden_states.append(h.detach())
+        for layer in self.layers:
+            h = layer(h, cos, sin, step, kv_cache, trace)                   # [B, S, H]
+            if trace is not None and trace.keep_tensors:
+                trace.hidden_states.append(h.detach())
+        if logits_to_keep > 0:
+            h = h[:, -logits_to_keep:]
+        h = self.norm(h)                                                    # [B, S, H]
+        logits = self.lm_head(h)                                            # [B, S, V]
+        if trace is not None:
+            trace.record("project vocab", "LM head", h, logits,
+                         note=f"[H] -> [V]: one score per vocabulary entry "
+                              f"({self.config.vocab_size:,})")
+        return logits
+
+    def num_parameters(self) -> int:
+        """Number of distinct parameters (a tied LM head is counted once)."""
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,236 @@
+"""The paged KV cache: the storage of the serving engine, behind the same interface.
+
+**The interface** is :mod:`tokenflow.model.kv_cache`'s (DESIGN.md section 5): the model asks the
+cache for a :class:`~tokenflow.model.kv_cache.CacheStep` once per forward pass (``begin_step``) and
+each attention layer makes one ``update(layer, step, *entries)`` call, which writes the new
+tokens' entries and returns the entries to attend over, ``[B, heads, L, dim]`` each. The
+entries are those of :func:`~tokenflow.model.kv_cache.cache_entries` (GQA ``k``, ``v``; MLA
+``latent``, ``k_rope``), so attention (:mod:`tokenflow.model.attention`, :mod:`tokenflow.model.mla`) does
+not know which storage it talks to.
+
+**The storage** (vLLM's PagedAttention, Kwon et al. 2023, arXiv:2309.06180, section 4.1): per
+layer and entry one preallocated pool ``[num_blocks, heads, block_size, dim]`` (the
+contiguous cache's ``[B, heads, max_len, dim]`` with sequences cut into blocks). A sequence
+owns a *block table* (from :class:`tokenflow.serving.BlockManager`); its token ``i`` lives in
+slot ``block_table[i // block_size] * block_size + i % block_size``. Blocks of a shared
+prompt prefix appear in several block tables: their entries are computed once.
+
+**One step.** Before the forward pass the runner calls :meth:`PagedKVCache.prepare` with the
+batch's block tables, how many tokens of each sequence are already cached and how many are
+new (a prefill chunk or one decode token: ragged). The new tokens come as ``input_ids
+[B, S]``, ``S`` = the longest row, each row left-padded. ``begin_step`` lays every sequence
+out right-aligned in ``L = max(cached + new)`` slots, as the contiguous cache does with
+left padding, so the mask is :func:`~tokenflow.model.kv_cache.attention_mask_for` of the same
+``valid [B, L]`` table; the new tokens are the last ``S`` slots. ``update`` writes the real
+new tokens to their pool slots (``slot_mapping``) and **gathers** each row's ``L`` slots
+through its block table into a ``[B, heads, L, dim]`` tensor (one ``index_select`` on the
+pool viewed as rows of ``dim`` values, :func:`pool_rows`). The gather copies the context once
+per layer; real engines read the blocks inside the attention kernel instead (vLLM's
+paged-attention kernel, FlashInfer). Here readability wins: no custom kernel.
+
+Bytes per token (all layers) are the contiguous cache's; ``bytes_per_token()`` measured from
+the pools equals :func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token` (tested).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tokenflow.model.config import ModelConfig
+from tokenflow.model.kv_cache import CacheStep, CacheStorage, attention_mask_for, cache_entries
+
+__all__ = ["PagedCacheStep", "PagedKVCache", "pool_rows"]
+
+
+@dataclass
+class PagedCacheStep(CacheStep):
+    """The :class:`~tokenflow.model.kv_cache.CacheStep` of a paged step, plus where tokens live.
+
+    Attributes (besides ``start``, ``positions [B,S]``, ``mask [B,1,S,L]``):
+        slots: ``[B, L]`` int64 pool slot of each laid-out token (``block * block_size +
+            offset``; padding points at slot 0 and is masked).
+        is_new: ``[B, S]`` bool, the real new tokens (False for left padding).
+        slot_mapping: ``[N]`` int64 pool slots of the ``N`` real new tokens, row by row (the
+            order of ``x[is_new]``); vLLM's ``slot_mapping``.
+        rows: ``heads -> (read [B*heads*L], write [N*heads])``: ``slots`` and
+            ``slot_mapping`` as rows of a pool viewed as ``[num_blocks*heads*block_size,
+            dim]`` (:func:`pool_rows`), computed once per step for every layer.
+    """
+
+    slots: torch.Tensor = None
+    is_new: torch.Tensor = None
+    slot_mapping: torch.Tensor = None
+    rows: dict = field(default_factory=dict)
+
+
+def pool_rows(slots: torch.Tensor, heads: int, block_size: int) -> torch.Tensor:
+    """Row of each (slot, head) in a pool ``[num_blocks, heads, block_size, dim]`` viewed as
+    ``[num_blocks * heads * block_size, dim]``: ``block * heads * block_size + head *
+    block_size + offset``, with ``block, offset = divmod(slot, block_size)``.
+
+    Shape: ``slots [...]`` -> ``[..., heads]`` int64. With these rows one ``index_select``
+    reads (one ``index_copy_`` writes) whole ``dim`` vectors, over 10x faster on CPU than
+    indexing the 4-D pool with block and offset tensors.
+    """
+    head = torch.arange(heads, device=slots.device) * block_size                  # [heads]
+    first = (slots // block_size) * (heads * block_size) + slots % block_size     # [...]
+    return first[..., None] + head                                                 # [..., heads]
+
+
+class PagedKVCache(CacheStorage):
+    """Paged cache storage: per-layer pools of fixed-size blocks, read through block tables.
+
+    Args:
+        config: the model config (layers; KV heads and head_dim, or the MLA ranks).
+        num_blocks: blocks in each pool (int >= 1).
+        block_size: token slots per block (int >= 1; vLLM's default is 16).
+        dtype, device: storage dtype and device (must match the model's parameters).
+
+    Attributes:
+        layers: per layer, one pool ``[num_blocks, heads, block_size, dim]`` per entry of
+            :attr:`entries` (GQA ``k``, ``v``; MLA ``latent``, ``k_rope``).
+        batch_size, length, num_real: of the prepared (or last) step: rows ``B``, slots laid
+            out before its new tokens (``L - S``), tokens per row ``[B]``.
+
+    Raises:
+        ValueError: if ``num_blocks`` or ``block_size`` is not an int >= 1.
+    """
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        for name, v in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        self.config, self.num_blocks, self.block_size = config, num_blocks, block_size
+        self.entries = cache_entries(config)
+        self.layers = [tuple(torch.zeros(num_blocks, heads, block_size, dim, dtype=dtype,
+                                         device=device) for _, heads, dim in self.entries)
+                       for _ in range(config.num_hidden_layers)]
+        self.dtype, self.device = dtype, self.layers[0][0].device
+        self.reset()
+
+    # ---------------------------------------------------------------- the batch of a step
+    def prepare(self, block_tables: list[list[int]], num_cached: list[int],
+                num_new: list[int]) -> None:
+        """Say which sequences the next forward pass runs (call before each ``model(...)``).
+
+        Args:
+            block_tables: per row, the ids of its blocks in token order (covering at least
+                ``num_cached + num_new`` tokens).
+            num_cached: per row, tokens already in the cache (their slots are read, not
+                written; prefix-cache hits count here).
+            num_new: per row, new tokens in this pass (>= 1): the row's last ``num_new``
+                columns of ``input_ids``; the columns before them are padding.
+
+        Raises:
+            ValueError: lists of different lengths, counts out of range, a block table too
+                short or a block id outside ``[0, num_blocks)``.
+        """
+        B = len(block_tables)
+        if B < 1 or len(num_cached) != B or len(num_new) != B:
+            raise ValueError(f"block_tables, num_cached and num_new must have the same length "
+                             f">= 1, got {B}, {len(num_cached)}, {len(num_new)}")
+        if min(num_cached) < 0 or min(num_new) < 1:
+            raise ValueError(f"num_cached must be >= 0 and num_new >= 1, got {num_cached} "
+                             f"and {num_new}")
+        for b, (table, n) in enumerate(zip(block_tables, num_cached)):
+            need = -(-(n + num_new[b]) // self.block_size)
+            if len(table) < need or any(not 0 <= i < self.num_blocks for i in table[:need]):
+                raise ValueError(f"block_tables[{b}] must hold {need} block ids in [0, "
+                                 f"num_blocks={self.num_blocks}), got {table}")
+        width = max(len(t) for t in block_tables)
+        self._tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables],
+                                    device=self.device)                 # [B, blocks]
+        self.num_real = torch.tensor(num_cached, device=self.device)   # [B]
+        self._num_new = torch.tensor(num_new, device=self.device)      # [B]
+        self.batch_size = B
+        self.length = max(c + n for c, n in zip(num_cached, num_new)) - max(num_new)
+
+    # ---------------------------------------------------------------- the interface
+    def begin_step(self, attention_mask: torch.Tensor | None, batch_size: int, S: int
+                   ) -> PagedCacheStep:
+        """See :meth:`CacheStorage.begin_step`: rows laid out right-aligned in ``L`` slots,
+        the ``S`` new tokens in the last ``S``. The padding comes from :meth:`prepare`, so
+        ``attention_mask`` must be ``None``.
+
+        Raises:
+            ValueError: nothing prepared, an ``attention_mask`` given, or ``batch_size`` /
+                ``S`` not those of the prepared batch.
+        """
+        if self._tables is None:
+            raise ValueError("call PagedKVCache.prepare(block_tables, num_cached, num_new) "
+                             "before each forward pass")
+        S_max = int(self._num_new.max())
+        if attention_mask is not None or batch_size != self.batch_size or S != S_max:
+            raise ValueError(f"the prepared batch is input_ids [{self.batch_size}, {S_max}] "
+                             f"with attention_mask=None, got [{batch_size}, {S}] and "
+                             f"{'a mask' if attention_mask is not None else 'no mask'}")
+        start, total = self.length, self.num_real + self._num_new           # total [B]
+        L = start + S
+        token = torch.arange(L, device=self.device) - (L - total[:, None])  # [B, L]
+        valid = token >= 0                        # left padding before each row's token 0
+        token = token.clamp(min=0)
+        block = self._tables.gather(1, token // self.block_size)          # [B, L]
+        slots = block * self.block_size + token % self.block_size         # [B, L]
+        is_new = token[:, start:] >= self.num_real[:, None]               # [B, S]
+        is_new &= valid[:, start:]
+        self.num_real, self.length, self._tables, self._slots = total, L, None, slots
+        step = PagedCacheStep(start, token[:, start:], attention_mask_for(valid, start, S),
+                              slots, is_new, slots[:, start:][is_new])
+        for heads in {h for _, h, _ in self.entries}:
+            read = pool_rows(slots, heads, self.block_size).transpose(1, 2)   # [B, heads, L]
+            write = pool_rows(step.slot_mapping, heads, self.block_size)      # [N, heads]
+            step.rows[heads] = (read.reshape(-1), write.reshape(-1))
+        return step
+
+    def update(self, layer_idx: int, step: PagedCacheStep, *new: torch.Tensor
+               ) -> tuple[torch.Tensor, ...]:
+        """See :meth:`CacheStorage.update`: write the real new tokens to
+        ``step.slot_mapping``, then gather every row's ``L`` slots (``step.slots``)."""
+        B, L = step.slots.shape
+        out = []
+        for pool, x in zip(self.layers[layer_idx], new):
+            _, heads, _, dim = pool.shape
+            read, write = step.rows[heads]
+            flat = pool.view(-1, dim)                        # [num_blocks*heads*bs, dim]
+            flat.index_copy_(0, write, x.transpose(1, 2)[step.is_new].reshape(-1, dim))
+            out.append(flat.index_select(0, read).view(B, heads, L, dim))  # [B, heads, L, dim]
+        return tuple(out)
+
+    def read(self, layer_idx: int, stop: int) -> tuple[torch.Tensor, ...]:
+        """See :meth:`CacheStorage.read`: slots ``[0, stop)`` of the last step's layout.
+
+        Raises:
+            ValueError: no step has run since the last :meth:`reset`.
+        """
+        if self._slots is None:
+            raise ValueError("nothing to read: no step has run on this PagedKVCache")
+        slots, out = self._slots[:, :stop], []                                # [B, stop]
+        for pool in self.layers[layer_idx]:
+            _, heads, _, dim = pool.shape
+            rows = pool_rows(slots, heads, self.block_size).transpose(1, 2)    # [B, heads, stop]
+            out.append(pool.view(-1, dim)[rows])                          # [B, heads, stop, dim]
+        return tuple(out)
+
+    def reset(self) -> None:
+        """See :meth:`CacheStorage.reset`: forget the prepared and the last step (the pools'
+        contents belong to the block manager's bookkeeping and stay)."""
+        self._tables = self._slots = None
+        self.batch_size, self.length = 0, 0
+        self.num_real = torch.zeros(0, dtype=torch.long, device=self.device)
+
+    # ---------------------------------------------------------------- reporting
+    def nbytes(self) -> int:
+        """Bytes allocated for the pools across all layers."""
+        return sum(t.nbytes for bufs in self.layers for t in bufs)
+
+    def bytes_per_token(self) -> int:
+        """Bytes one token slot occupies, all layers and entries."""
+        return self.nbytes() // (self.num_blocks * self.block_size)
+
+    def __repr__(self) -> str:
+        c = self.config
+        pools = " + ".join(f"{name} [{self.num_blocks}, {heads}, {self.block_size}, {dim}]"
+                           for name, heads, dim in self.entries)
+        return f"PagedKVCache(layers={c.num_hidden_layers}, pools per layer: {pools})"

@@ -1,0 +1,286 @@
+"""Chapter 02: attention and the KV cache. Which context a query reads, per-head heatmaps, KV
+cache growth and per-sequence cache size, with their tables and explorers.
+
+Part of :mod:`tokenflow.viz`, the only package that draws; nothing below it imports it.
+"""
+from __future__ import annotations
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+
+from tokenflow.analysis.trace import COLORS
+
+from .hidden import _as_2d
+
+__all__ = ["attention_context_plot", "attention_head_heatmap", "kv_cache_growth_plot",
+           "cache_per_sequence_plot", "kv_cache_summary", "kv_cache_explorer",
+           "attention_explorer", "attention_static", "kv_cache_static", "kv_per_token_view"]
+
+
+def attention_context_plot(attention_weights: dict, tokens: list[str], query_index: int = -1,
+                           batch_index: int = 0):
+    """What one query token reads: for every layer, a heatmap ``[n_heads, S_k]`` of its
+    attention weights over the key tokens (values written in the cells).
+
+    Args:
+        attention_weights: ``{layer: [B, n_heads, S_q, S_k]}`` (``Trace(keep_tensors=True)
+            .attention_weights``).
+        tokens: ``S_k`` labels of the key positions.
+        query_index: row ``S_q`` to show (default -1: the last token).
+        batch_index: which sequence of the batch.
+
+    Returns:
+        the ``matplotlib.figure.Figure`` (one panel per layer).
+
+    Raises:
+        ValueError: if the dict is empty or ``tokens`` does not match ``S_k``.
+    """
+    if not attention_weights:
+        raise ValueError("attention_weights must be a non-empty {layer: tensor} dict")
+    layers = sorted(attention_weights)
+    first = attention_weights[layers[0]]
+    nh, Sk = first.shape[1], first.shape[-1]
+    if len(tokens) != Sk:
+        raise ValueError(f"tokens must have S_k={Sk} entries, got {len(tokens)}")
+    ncols = min(3, len(layers))                   # at most 3 panels per row: <= 9 inches wide
+    nrows = -(-len(layers) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.0 * ncols, (0.5 * nh + 1.5) * nrows + 0.4),
+                             squeeze=False)
+    for ax in axes.flat[len(layers):]:
+        ax.remove()
+    for ax, l in zip(axes.flat, layers):
+        w = attention_weights[l][batch_index, :, query_index].detach().float()   # [nh, Sk]
+        ax.imshow(w.numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto")
+        for h in range(nh):
+            for k in range(Sk):
+                v = float(w[h, k])
+                ax.text(k, h, f"{v:.2f}", ha="center", va="center", fontsize=9,
+                        color="white" if v > 0.6 else "black")
+        ax.set_xticks(range(Sk), tokens)
+        ax.set_yticks(range(nh), [f"head {h}" for h in range(nh)])
+        ax.set_title(f"layer {l}")
+    q = tokens[query_index] if -Sk <= query_index < Sk else str(query_index)
+    fig.suptitle(f"attention weights of the query '{q}' over the context (rows sum to 1)")
+    fig.tight_layout()
+    return fig
+
+
+def attention_head_heatmap(weights, q_labels: list[str], k_labels: list[str], title: str = ""):
+    """Full attention matrix of one head, ``weights [S_q, S_k]``: row = query token, column =
+    key token, value written in each cell; masked (future or padding) cells are exactly 0
+    and drawn hatched.
+
+    Raises:
+        ValueError: if ``weights`` is not 2-D or the labels do not match its shape.
+    """
+    w = _as_2d(weights, "weights")
+    if len(q_labels) != w.shape[0] or len(k_labels) != w.shape[1]:
+        raise ValueError(f"q_labels/k_labels must have {w.shape[0]}/{w.shape[1]} entries, got "
+                         f"{len(q_labels)}/{len(k_labels)}")
+    fig, ax = plt.subplots(figsize=(min(9.0, 0.8 * w.shape[1] + 2.2),
+                                    0.55 * w.shape[0] + 1.4))
+    ax.imshow(w.numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto")
+    for i in range(w.shape[0]):
+        for j in range(w.shape[1]):
+            v = float(w[i, j])
+            if v == 0.0:
+                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//",
+                                           ec="#bbbbbb", lw=0))
+            else:
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=9,
+                        color="white" if v > 0.6 else "black")
+    ax.set_xticks(range(w.shape[1]), k_labels)
+    ax.set_yticks(range(w.shape[0]), q_labels)
+    ax.set_xlabel("key (what is read)")
+    ax.set_ylabel("query (who reads)")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def kv_cache_growth_plot(config, max_len: int, kv_heads: list[int],
+                         bytes_per_element: float = 2, title: str = ""):
+    """KV-cache bytes of one sequence against its length, one line per K/V head count
+    (the config's own count in blue, others grey), from
+    :func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token`. Bytes grow linearly in the length.
+
+    Args:
+        config: a :class:`~tokenflow.model.config.ModelConfig`.
+        max_len: longest sequence drawn (tokens, >= 1).
+        kv_heads: K/V head counts to compare (each must divide ``num_attention_heads``).
+        bytes_per_element: 2 for bf16/fp16, 4 for fp32.
+
+    Raises:
+        ValueError: on ``max_len < 1`` or a head count that does not divide the query heads.
+    """
+    from tokenflow.analysis.costmodel import kv_cache_bytes_per_token
+    if not isinstance(max_len, int) or max_len < 1:
+        raise ValueError(f"max_len must be an int >= 1, got {max_len!r}")
+    if not kv_heads:
+        raise ValueError("kv_heads must be a non-empty list of ints")
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    xs = [1, max_len]
+    styles = iter(["--", ":", "-.", (0, (5, 1, 1, 1))] * len(kv_heads))
+    for n in kv_heads:
+        if not isinstance(n, int) or n < 1 or config.num_attention_heads % n:
+            raise ValueError(f"kv_heads entries must divide num_attention_heads="
+                             f"{config.num_attention_heads}, got {n!r}")
+        per = kv_cache_bytes_per_token(config.replace(num_key_value_heads=n), bytes_per_element)
+        own = n == config.num_key_value_heads
+        kind = "MHA" if n == config.num_attention_heads else ("MQA" if n == 1 else "GQA")
+        ax.plot(xs, [per * x / 2**20 for x in xs], lw=2.5 if own else 1.5,
+                color=COLORS["hidden"] if own else "#777777",
+                linestyle="-" if own else next(styles),
+                label=f"{n} KV heads ({kind}): {per:,} B/token")
+    ax.set_xlabel("tokens in the sequence")
+    ax.set_ylabel("KV cache (MiB)")
+    ax.legend(fontsize=9)
+    ax.set_title(title or f"KV cache of one sequence, {config.name}")
+    fig.tight_layout()
+    return fig
+
+
+def cache_per_sequence_plot(layouts, contexts, bytes_per_element: float = 2, title: str = ""):
+    """Cache bytes one sequence holds (GiB, log-log) against its length, one line per
+    :class:`tokenflow.analysis.attention_kinds.CacheLayout`: straight lines of slope 1 for layouts
+    whose every layer keeps K/V, bending flat where sliding windows fill and constant states
+    dominate. Layouts whose name ends in ``*`` (what-if variants) are dashed.
+
+    Raises:
+        ValueError: empty ``layouts`` or ``contexts``.
+    """
+    if not layouts or not contexts:
+        raise ValueError("layouts and contexts must be non-empty")
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    cmap = plt.get_cmap("tab10")
+    for i, lay in enumerate(layouts):
+        gib = [lay.bytes(n, 1, bytes_per_element) / 2**30 for n in contexts]
+        ax.plot(contexts, gib, "--" if lay.name.endswith("*") else "-", color=cmap(i),
+                lw=1.6, label=lay.name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens in the sequence (context length)")
+    ax.set_ylabel("cache per sequence (GiB)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(title or "what one sequence keeps, by attention kind", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def kv_cache_summary(config, batch_size: int, seq_len: int, num_key_value_heads: int,
+                     dtype_name: str = "bf16") -> str:
+    """Text for a KV cache of ``config`` with ``num_key_value_heads`` K/V heads: shape per
+    layer, bytes per token by formula and from the (meta-device) tensors, total bytes,
+    and the saving against full multi-head attention. Uses
+    :func:`tokenflow.analysis.attention_kinds.kv_cache_size`.
+
+    Raises:
+        ValueError: on a bad ``dtype_name`` (``"bf16"`` or ``"fp32"``) and as
+            :func:`~tokenflow.analysis.attention_kinds.kv_cache_size`.
+    """
+    import torch
+
+    from tokenflow.analysis.attention_kinds import kv_cache_size
+
+    from .fmt import format_bytes
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    if dtype_name not in dtypes:
+        raise ValueError(f"dtype_name must be one of {sorted(dtypes)}, got {dtype_name!r}")
+    r = kv_cache_size(config, batch_size, seq_len, num_key_value_heads, dtypes[dtype_name])
+    mha = kv_cache_size(config, batch_size, seq_len, config.num_attention_heads,
+                        dtypes[dtype_name])
+    kind = ("MHA" if num_key_value_heads == config.num_attention_heads else
+            "MQA" if num_key_value_heads == 1 else "GQA")
+    return "\n".join([
+        f"{config.name}: {num_key_value_heads} KV heads for {config.num_attention_heads} "
+        f"query heads ({kind}), {dtype_name}",
+        f"  K and V per layer: {r['shape']} x {r['num_tensors']} tensors",
+        f"  bytes/token: formula {r['formula_bytes_per_token']:,}, tensors "
+        f"{r['bytes_per_token']:,}",
+        f"  total for B={batch_size}, S={seq_len}: {r['nbytes']:,} B "
+        f"({format_bytes(r['nbytes'])})",
+        f"  this is full MHA" if kind == "MHA" else
+        f"  full MHA would need {mha['nbytes']:,} B: {mha['nbytes'] // r['nbytes']}x more"])
+
+
+def kv_cache_explorer(config, batch_size: int = 1, seq_len=(1, 128, 1, 64),
+                      dtype_name: str = "bf16"):
+    """Sequence-length slider and K/V-head selector (the divisors of the query-head count)
+    that print :func:`kv_cache_summary`. ``seq_len`` is ``(min, max, step, value)``; ``max``
+    is capped at ``config.max_position_embeddings``. Returns an ``ipywidgets.interactive``."""
+    divisors = [d for d in range(1, config.num_attention_heads + 1)
+                if config.num_attention_heads % d == 0]
+    hi = min(seq_len[1], config.max_position_embeddings)
+
+    def show(seq_len, num_key_value_heads):
+        print(kv_cache_summary(config, batch_size, seq_len, num_key_value_heads, dtype_name))
+    return widgets.interactive(
+        show,
+        seq_len=widgets.IntSlider(value=min(seq_len[3], hi), min=seq_len[0], max=hi,
+                                  step=seq_len[2], description="seq len S",
+                                  continuous_update=False),
+        num_key_value_heads=widgets.Dropdown(options=divisors,
+                                             value=config.num_key_value_heads,
+                                             description="KV heads"))
+
+
+def attention_explorer(attention_weights: dict, q_labels: list[str], k_labels: list[str],
+                       batch_index: int = 0):
+    """Layer and head selectors over ``{layer: [B, n_heads, S_q, S_k]}`` weights, drawing
+    :func:`tokenflow.viz.attention_head_heatmap`. Returns an ``ipywidgets.interactive``."""
+    import matplotlib.pyplot as plt
+    layers = sorted(attention_weights)
+    nh = attention_weights[layers[0]].shape[1]
+
+    def show(layer, head):
+        attention_head_heatmap(attention_weights[layer][batch_index, head], q_labels, k_labels,
+                               title=f"layer {layer}, head {head}")
+        plt.show()
+    return widgets.interactive(
+        show,
+        layer=widgets.Dropdown(options=layers, value=layers[0], description="layer"),
+        head=widgets.IntSlider(value=0, min=0, max=nh - 1, description="head",
+                               continuous_update=False))
+
+
+def attention_static(attention_weights: dict, q_labels: list[str], k_labels: list[str],
+                     batch_index: int = 0, default: dict | None = None):
+    """Kernel-less explorer of :func:`tokenflow.viz.attention_head_heatmap` over every
+    layer and head of ``{layer: [B, n_heads, S_q, S_k]}`` weights (``default``: the
+    ``layer`` / ``head`` shown first). Figures are inline SVG (half the bytes of PNG here)."""
+    from .static import precomputed_explorer
+    layers = sorted(attention_weights)
+    nh = attention_weights[layers[0]].shape[1]
+    return precomputed_explorer(
+        lambda layer, head: attention_head_heatmap(attention_weights[layer][batch_index, head],
+                                                   q_labels, k_labels,
+                                                   title=f"layer {layer}, head {head}"),
+        {"layer": layers, "head": list(range(nh))}, default=default, kind="svg")
+
+
+def kv_cache_static(config, seq_len=(1, 16, 64, 128), batch_size: int = 1,
+                    dtype_name: str = "bf16"):
+    """Kernel-less explorer of :func:`kv_cache_summary` over sequence lengths and every
+    K/V-head count that divides the query heads (MQA ... MHA)."""
+    from .static import precomputed_explorer
+    divisors = [d for d in range(1, config.num_attention_heads + 1)
+                if config.num_attention_heads % d == 0]
+    return precomputed_explorer(
+        lambda S, kv_heads: kv_cache_summary(config, batch_size, S, kv_heads, dtype_name),
+        {"S": list(seq_len), "kv_heads": divisors},
+        default={"S": seq_len[-1], "kv_heads": config.num_key_value_heads},
+        title=f"{config.name}: KV cache for sequence length S and K/V heads ({dtype_name})")
+
+
+def kv_per_token_view(layouts: list, contexts: list, bytes_per_element: float = 2):
+    """:func:`tokenflow.analysis.attention_kinds.kv_per_token_rows` as a :class:`tokenflow.viz.Table`:
+    one row per cache layout, average bytes per token of one sequence at each context."""
+    from tokenflow.analysis.attention_kinds import kv_per_token_rows
+
+    from .fmt import Table
+    return Table(kv_per_token_rows(layouts, contexts, bytes_per_element),
+                 ["layout"] + [f"{n:,} tok" for n in contexts],
+                 title=f"average cache bytes per token of one sequence "
+                       f"({bytes_per_element:g} bytes per element; * = what-if variant)")

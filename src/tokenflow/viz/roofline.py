@@ -1,0 +1,189 @@
+"""Chapter 07: the simulator's lenses and the roofline. Lens bars, roofline summaries against
+published hardware, with their tables and explorers.
+
+Part of :mod:`tokenflow.viz`, the only package that draws; nothing below it imports it.
+"""
+from __future__ import annotations
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+
+from tokenflow.analysis.trace import COLORS
+
+__all__ = ["lens_bars", "roofline_summary", "roofline_bars", "roofline_panel",
+           "roofline_explorer", "roofline_table", "roofline_static"]
+
+_LENS_COLOURS = {
+    "request queue": "#9e9e9e", "prefill": COLORS["hidden"], "KV cache": "#8fb8ee",
+    "decode loop": COLORS["token"], "sampling": "#1b6b2d", "response": "#b7d9bf",
+    "embedding": "#1f4f99", "attention": COLORS["hidden"], "FFN / MoE": COLORS["moe"],
+    "norm": "#8fb8ee", "LM head": COLORS["token"], "other": "#dddddd"}
+
+
+def lens_bars(pipeline: dict, blocks: dict, title: str = ""):
+    """Two stacked horizontal bars of the same run: the pipeline lens (``pipeline``: stage ->
+    seconds, as :meth:`tokenflow.analysis.lenses.LensProfile.pipeline`) above the block lens
+    (``blocks``: module class -> seconds). Segments in milliseconds, labelled when wide
+    enough; blue = hidden-state flow, yellow = MoE, green = token and decode loop.
+
+    Raises:
+        ValueError: an empty lens or a negative value.
+    """
+    for name, lens in (("pipeline", pipeline), ("blocks", blocks)):
+        if not lens or min(lens.values()) < 0:
+            raise ValueError(f"{name} must map at least one part to seconds >= 0")
+    fig, ax = plt.subplots(figsize=(9.5, 2.8))
+    total = max(sum(pipeline.values()), sum(blocks.values())) * 1e3
+    for y, lens in ((1, pipeline), (0, blocks)):
+        left = 0.0
+        for part, s in lens.items():
+            ms = s * 1e3
+            ax.barh(y, ms, left=left, color=_LENS_COLOURS.get(part, "#cccccc"),
+                    edgecolor="white", height=0.6)
+            if ms > 0.06 * total:
+                ax.text(left + ms / 2, y, f"{part}\n{ms:.0f} ms", ha="center", va="center",
+                        fontsize=8)
+            left += ms
+    ax.set_yticks([1, 0], ["pipeline lens", "block lens"])
+    ax.set_xlabel("milliseconds of engine step time (the same steps in both bars)")
+    ax.set_xlim(0, total * 1.01)
+    ax.set_title(title or "one engine run, two lenses")
+    fig.tight_layout()
+    return fig
+
+
+def roofline_summary(config, hw_name: str = "H800", phase: str = "decode", batch: int = 64,
+                     context_len: int = 4096, ep_size: int = 32, dtype: str = "fp8",
+                     bytes_per_param: float = 1, kv_bytes_per_element: float = 2,
+                     max_nodes_per_token: int | None = 4) -> dict:
+    """Roofline of one step on one device (:func:`tokenflow.analysis.roofline.roofline`, tensor
+    parallel 1 as in DeepSeek's DP attention) for a hardware preset, with the memory the step
+    needs: ``weights + KV`` bytes (:mod:`tokenflow.analysis.costmodel`: this device's weights and the
+    batch's KV cache).
+
+    Returns:
+        dict: the :func:`~tokenflow.analysis.roofline.roofline` result plus ``hw`` (the
+        :class:`~tokenflow.analysis.roofline.HardwareSpec`), ``memory_needed`` (bytes), ``fits``
+        (bool) and the arguments.
+
+    Raises:
+        ValueError: as :func:`~tokenflow.analysis.roofline.hardware` and
+            :func:`~tokenflow.analysis.roofline.roofline` (e.g. ``ep_size`` not dividing the experts).
+    """
+    from tokenflow.analysis.costmodel import kv_cache_bytes, weight_bytes_per_device
+    from tokenflow.analysis.roofline import hardware, roofline
+    hw = hardware(hw_name)
+    r = roofline(config, hw, phase, batch, context_len, 1, ep_size, dtype, bytes_per_param,
+                 kv_bytes_per_element, max_nodes_per_token)
+    mem = weight_bytes_per_device(config, 1, ep_size, bytes_per_param)["total"] + \
+        kv_cache_bytes(config, batch, context_len, kv_bytes_per_element)
+    return dict(r, hw=hw, memory_needed=mem, fits=mem <= hw.memory_bytes, config=config,
+                phase=phase, batch=batch, context_len=context_len, ep_size=ep_size,
+                dtype=dtype)
+
+
+def roofline_bars(summary: dict):
+    """The three times of a :func:`roofline_summary` as horizontal bars, with the roofline
+    step time (the largest) dashed."""
+    r, hw = summary, summary["hw"]
+    fig, ax = plt.subplots(figsize=(7.5, 2.2))
+    names = ["compute", "memory", "communication"]
+    vals = [r[k] * 1e3 for k in ("compute_s", "memory_s", "comm_s")]
+    ax.barh(names, vals, color=[COLORS["hidden"], "#8fb8ee", COLORS["moe"]])
+    ax.axvline(r["step_s"] * 1e3, color="black", lw=1, ls="--")
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per step (dashed: the roofline step time, the largest)")
+    ax.set_title(f"{r['config'].name}, {r['phase']} on one {hw.name}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def roofline_panel(config, hw_name: str = "H800", phase: str = "decode", batch: int = 64,
+                   context_len: int = 4096, ep_size: int = 32, dtype: str = "fp8",
+                   bytes_per_param: float = 1, kv_bytes_per_element: float = 2,
+                   max_nodes_per_token: int | None = 4):
+    """Print :func:`roofline_summary` (same arguments: the three times, the bound, tokens/s
+    per device and the memory the step needs) and draw :func:`roofline_bars`.
+
+    Raises:
+        ValueError: as :func:`roofline_summary`.
+    """
+    r = roofline_summary(config, hw_name, phase, batch, context_len, ep_size, dtype,
+                         bytes_per_param, kv_bytes_per_element, max_nodes_per_token)
+    hw, mem = r["hw"], r["memory_needed"]
+    print(f"{config.name} on {hw.name}, {phase}, batch {batch}, context {context_len:,}, "
+          f"EP{ep_size}, {dtype}")
+    print(f"  compute {r['compute_s'] * 1e3:.2f} ms, memory {r['memory_s'] * 1e3:.2f} ms, "
+          f"communication {r['comm_s'] * 1e3:.2f} ms -> {r['bound']}-bound")
+    print(f"  {r['tokens_per_s']:,.0f} tokens/s per device; weights + KV "
+          f"{mem / 1e9:.1f} GB of {hw.memory_bytes / 1e9:.0f} GB"
+          + ("" if r["fits"] else "  (does not fit)"))
+    return roofline_bars(r)
+
+
+def roofline_explorer(config, **defaults):
+    """Controls for :func:`tokenflow.viz.roofline_panel`: batch per device, context
+    length, expert-parallel size (the divisors of ``config.num_experts`` that are powers of
+    two), hardware preset and phase. ``defaults`` override the starting values (``batch``,
+    ``context_len``, ``ep_size``, ``hw_name``, ``phase``). Settings the cost model refuses
+    print the error instead. Returns an ``ipywidgets.interactive``."""
+    from tokenflow.analysis.roofline import HARDWARE
+    start = dict(batch=64, context_len=4096, ep_size=32, hw_name="H800", phase="decode")
+    start.update(defaults)
+
+    def show(batch, context_len, ep_size, hw_name, phase):
+        import matplotlib.pyplot as plt
+        try:
+            roofline_panel(config, hw_name, phase, batch, context_len, ep_size)
+        except ValueError as e:
+            print(e)
+            return
+        plt.show()
+
+    eps = [e for e in (2 ** i for i in range(11)) if not config.num_experts % e]
+    return widgets.interactive(
+        show,
+        batch=widgets.SelectionSlider(options=[2 ** i for i in range(11)],
+                                      value=start["batch"], description="batch",
+                                      continuous_update=False),
+        context_len=widgets.SelectionSlider(options=[2 ** i for i in range(7, 18)],
+                                            value=start["context_len"], description="context",
+                                            continuous_update=False),
+        ep_size=widgets.Dropdown(options=eps, value=start["ep_size"], description="EP size"),
+        hw_name=widgets.Dropdown(options=sorted(HARDWARE), value=start["hw_name"],
+                                 description="hardware"),
+        phase=widgets.ToggleButtons(options=["decode", "prefill"], value=start["phase"],
+                                    description="phase"))
+
+
+def roofline_table(summary: dict):
+    """A :func:`tokenflow.viz.roofline_summary` as a :class:`tokenflow.viz.Table`: the three
+    times (ms), which bounds the step, tokens/s per device, and the memory it needs."""
+    from .fmt import Table
+    r = summary
+    gb = r["memory_needed"] / 1e9
+    rows = [("compute", r["compute_s"] * 1e3), ("memory", r["memory_s"] * 1e3),
+            ("communication", r["comm_s"] * 1e3)]
+    rows = [(n, ms, "<- bound" if n.startswith(r["bound"]) else "") for n, ms in rows]
+    rows += [("tokens/s per device", round(r["tokens_per_s"]), ""),
+             ("weights + KV (GB)", round(gb, 1),
+              f"of {r['hw'].memory_bytes / 1e9:.0f}" + ("" if r["fits"] else ": does not fit"))]
+    return Table(rows, ["", "ms per step", ""], align="<><", digits=2,
+                 title=f"{r['config'].name} on {r['hw'].name}, {r['phase']}, batch "
+                       f"{r['batch']}, context {r['context_len']:,}, EP{r['ep_size']}, "
+                       f"{r['dtype']}")
+
+
+def roofline_static(config, hw_names=("H800", "H200"), batch=(1, 8, 64, 256),
+                    ep_size=(8, 32, 256), context_len: int = 4096, phase: str = "decode",
+                    default: dict | None = None, **kw):
+    """Kernel-less explorer of :func:`roofline_table` over hardware presets, batch per device
+    and expert-parallel size, at one context length and phase (``kw``: the other arguments
+    of :func:`tokenflow.viz.roofline_summary`). Raises as ``roofline_summary``."""
+    from .static import precomputed_explorer
+    return precomputed_explorer(
+        lambda hardware, batch, EP: roofline_table(roofline_summary(
+            config, hardware, phase, batch, context_len, EP, **kw)),
+        {"hardware": list(hw_names), "batch": list(batch), "EP": list(ep_size)},
+        default=default, title=f"{config.name}, {phase}, context {context_len:,}: one step "
+                               f"on one GPU")

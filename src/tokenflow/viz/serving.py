@@ -1,0 +1,394 @@
+"""Chapter 05: prefill, decode and serving. Phase timings, decode batching, arithmetic
+intensity, the engine's timeline and batch composition, with the serving explorers.
+
+Part of :mod:`tokenflow.viz`, the only package that draws; nothing below it imports it.
+"""
+from __future__ import annotations
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+
+from tokenflow.analysis.trace import COLORS
+
+__all__ = ["phase_times_plot", "decode_batch_plot", "arithmetic_intensity_plot",
+           "serving_timeline", "batch_composition_plot", "batching_comparison_plot",
+           "serving_counts", "serving_panel", "serving_explorer", "timeline_table",
+           "timeline_view", "serving_summary_table", "serving_static"]
+
+
+# --------------------------------------------------------------------- chapter 05 (F5)
+_WAIT = "#c8c8c8"           # grey: a request waiting (queued, or not scheduled this step)
+
+
+def _same_len(**lists) -> None:
+    n = {len(v) for v in lists.values()}
+    if len(n) != 1 or 0 in n:
+        raise ValueError(f"{', '.join(lists)} must be non-empty and of the same length")
+
+
+def _ms_panel(ax, xs, series, xlabel: str, title: str) -> None:
+    """Draw ``series`` (``(seconds, style, colour, label)``) in ms against ``xs`` on ``ax``."""
+    for seconds, style, colour, label in series:
+        ax.plot(xs, [t * 1e3 for t in seconds], style, color=colour, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("ms")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=9)
+
+
+def phase_times_plot(lengths, prefill_s, contexts, cached_s, recompute_s, title: str = ""):
+    """Two panels, times in ms: prefill time against prompt length (blue), and the time of
+    the next token against the context length, one decode step with the KV cache (green)
+    against running the whole sequence again without it (grey).
+
+    Raises:
+        ValueError: on empty lists or lists of different lengths.
+    """
+    _same_len(lengths=lengths, prefill_s=prefill_s)
+    _same_len(contexts=contexts, cached_s=cached_s, recompute_s=recompute_s)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.4))
+    _ms_panel(a1, lengths, [(prefill_s, "o-", COLORS["hidden"], "prefill [1, S]")],
+              "prompt length S (tokens)", "prefill: one pass over the prompt")
+    _ms_panel(a2, contexts, [(recompute_s, "s--", "#777777", "no cache: recompute [1, L+1]"),
+                             (cached_s, "o-", COLORS["token"], "decode step [1, 1] + cache")],
+              "context length L (tokens already seen)", "next token: with vs without the KV cache")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def decode_batch_plot(batch_sizes, step_s, title: str = ""):
+    """Decode step time (ms, left) and generated tokens per second (``B / step time``,
+    right, green) against the batch size ``B``.
+
+    Raises:
+        ValueError: on empty lists or lists of different lengths.
+    """
+    _same_len(batch_sizes=batch_sizes, step_s=step_s)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.4))
+    a1.plot(batch_sizes, [t * 1e3 for t in step_s], "o-", color=COLORS["hidden"])
+    a1.set_ylim(bottom=0)
+    a1.set_ylabel("ms per decode step")
+    a1.set_title("one step for the whole batch", fontsize=10)
+    a2.plot(batch_sizes, [b / t for b, t in zip(batch_sizes, step_s)], "o-",
+            color=COLORS["token"])
+    a2.set_ylim(bottom=0)
+    a2.set_ylabel("tokens / s")
+    a2.set_title("throughput: B tokens per step", fontsize=10)
+    for a in (a1, a2):
+        a.set_xscale("log", base=2)
+        a.set_xticks(batch_sizes, [str(b) for b in batch_sizes])
+        a.set_xlabel("batch size B (sequences decoding together)")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def arithmetic_intensity_plot(prefill_tokens, prefill_ai, decode_batch, decode_ai,
+                              ridge: float, ridge_label: str = "ridge point", title: str = ""):
+    """Arithmetic intensity (FLOPs per byte moved) on log-log axes: prefill against the
+    prompt length (blue), decode against the batch size (green), and the accelerator's
+    ridge point (peak FLOP/s / memory bandwidth, dashed): below it a pass waits on memory
+    (memory-bound), above it on arithmetic (compute-bound).
+
+    Raises:
+        ValueError: on empty or mismatched lists, or ``ridge <= 0``.
+    """
+    _same_len(prefill_tokens=prefill_tokens, prefill_ai=prefill_ai)
+    _same_len(decode_batch=decode_batch, decode_ai=decode_ai)
+    if ridge <= 0:
+        raise ValueError(f"ridge must be > 0, got {ridge}")
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    ax.plot(prefill_tokens, prefill_ai, "o-", color=COLORS["hidden"],
+            label="prefill: S tokens of one prompt")
+    ax.plot(decode_batch, decode_ai, "s-", color=COLORS["token"],
+            label="decode: 1 token of each of B sequences")
+    ax.axhline(ridge, color="black", ls="--", lw=1)
+    ax.text(min(min(prefill_tokens), min(decode_batch)), ridge * 1.15, ridge_label, fontsize=9)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens per forward pass (S for prefill, B for decode)")
+    ax.set_ylabel("FLOPs per byte")
+    ax.legend(fontsize=9, loc="lower right")
+    ax.set_title(title or "arithmetic intensity of the two phases", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def serving_timeline(timelines, title: str = "", max_steps: int | None = None):
+    """One row per request, one cell per engine step: prefill (blue), decode (green),
+    waiting (grey); blank before arrival and after the last token. ``timelines``: the
+    :class:`tokenflow.serving.RequestTimeline` list of one run. A black tick marks each
+    request's first token.
+
+    Raises:
+        ValueError: if ``timelines`` is empty.
+    """
+    from matplotlib.patches import Patch
+    if not timelines:
+        raise ValueError("timelines must be a non-empty list of RequestTimeline")
+    colour = {"prefill": COLORS["hidden"], "decode": COLORS["token"], "wait": _WAIT}
+    n = len(timelines)
+    fig, ax = plt.subplots(figsize=(9.5, 0.22 * n + 1.6))
+    last = 0
+    for row, r in enumerate(timelines):
+        for state in colour:
+            cells = [(i, 1) for i, s in r.states.items() if s == state]
+            ax.broken_barh(cells, (row - 0.4, 0.8), color=colour[state], lw=0)
+        if r.first_token_step is not None:
+            ax.plot([r.first_token_step + 1] * 2, [row - 0.45, row + 0.45], color="black", lw=1)
+        last = max([last] + [i + 1 for i in r.states])
+    ax.set_xlim(0, max_steps or last)
+    ax.set_ylim(n - 0.5, -0.5)
+    ax.set_yticks(range(n), [str(r.request_id) for r in timelines], fontsize=9)
+    ax.set_ylabel("request")
+    ax.set_xlabel("engine step")
+    ax.legend(handles=[Patch(color=c, label=s) for s, c in colour.items()], fontsize=9,
+              loc="upper right", ncol=3)
+    ax.set_title(title or "requests over engine steps", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def batch_composition_plot(steps, title: str = ""):
+    """What each engine step computed, from its :class:`tokenflow.serving.StepRecord` list:
+    top, requests in the step (prefill rows blue, decode rows green, stacked); bottom,
+    tokens computed (prompt tokens blue, decode tokens green).
+
+    Raises:
+        ValueError: if ``steps`` is empty.
+    """
+    if not steps:
+        raise ValueError("steps must be a non-empty list of StepRecord")
+    x = [s.index for s in steps]
+    n_pre = [len(s.prefill) for s in steps]
+    n_dec = [len(s.decode) for s in steps]
+    t_pre = [sum(n for _, n in s.prefill) for s in steps]
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9.5, 4.4), sharex=True)
+    for ax, pre, dec, what in ((a1, n_pre, n_dec, "requests"), (a2, t_pre, n_dec, "tokens")):
+        ax.bar(x, pre, width=1.0, color=COLORS["hidden"], label=f"prefill {what}")
+        ax.bar(x, dec, width=1.0, bottom=pre, color=COLORS["token"], label=f"decode {what}")
+        ax.set_ylabel(f"{what} in step")
+        ax.legend(fontsize=9, loc="upper right")
+    a2.set_xlabel("engine step")
+    a1.set_title(title or "batch composition per step", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def batching_comparison_plot(results: dict, title: str = ""):
+    """Bars per scheduling mode (``results``: ``{name: engine.metrics()}``): throughput
+    (generated tokens/s), mean time to first token and mean end-to-end latency (ms).
+
+    Raises:
+        ValueError: if ``results`` is empty.
+    """
+    if not results:
+        raise ValueError("results must map at least one mode name to engine metrics")
+    names = list(results)
+    panels = [("throughput_tok_s", "tokens / s", 1), ("mean_ttft_s", "mean TTFT (ms)", 1e3),
+              ("mean_e2e_s", "mean end-to-end (ms)", 1e3)]
+    colours = [COLORS["token"], "#777777", COLORS["hidden"], COLORS["moe"]]
+    fig, axes = plt.subplots(1, 3, figsize=(9.5, 3.0))
+    for ax, (key, label, scale) in zip(axes, panels):
+        vals = [results[n][key] * scale for n in names]
+        ax.bar(names, vals, color=colours[:len(names)])
+        for i, v in enumerate(vals):
+            ax.text(i, v, f"{v:,.0f}", ha="center", va="bottom", fontsize=9)
+        ax.set_ylim(0, 1.2 * max(vals))
+        ax.set_title(label, fontsize=10)
+        ax.tick_params(axis="x", labelsize=9)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def serving_counts(model, token_ids: list[int], batch_size: int = 8, prompt_len: int = 16,
+                   output_len: int = 16, max_num_seqs: int = 4, block_size: int = 16) -> dict:
+    """Serve ``batch_size`` requests of ``prompt_len`` prompt tokens (consecutive slices of
+    ``token_ids``, so no two share a prefix) and ``output_len`` generated tokens each, all
+    arriving at once, with :class:`tokenflow.serving.LLMEngine`, and count what happened
+    (steps and KV blocks; no times, so the counts are the same on every machine).
+
+    Returns:
+        dict: ``steps``, ``prefill_steps``, ``mean_rows`` / ``max_rows`` (decode rows per
+        step with decode), ``blocks_per_request``, ``slots_per_request``, ``tokens_per_request``,
+        ``unused_slots`` (per request), ``pool_blocks``, ``peak_blocks`` (most in use at
+        once), ``timelines`` (:class:`tokenflow.serving.RequestTimeline` list) and the
+        arguments.
+
+    Raises:
+        ValueError: a setting outside its range (the message names it), or ``token_ids``
+            too short or ``prompt_len + output_len`` past the model's positions.
+    """
+    from tokenflow.serving import (
+        LLMEngine,
+        SamplingParams,
+        request_timeline,
+        run_with_arrivals,
+    )
+    for name, v in (("batch_size", batch_size), ("prompt_len", prompt_len),
+                    ("output_len", output_len), ("max_num_seqs", max_num_seqs),
+                    ("block_size", block_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    total = prompt_len + output_len
+    if total > model.config.max_position_embeddings:
+        raise ValueError(f"prompt_len + output_len must be <= max_position_embeddings="
+                         f"{model.config.max_position_embeddings}, got {total}")
+    if len(token_ids) < batch_size * prompt_len:
+        raise ValueError(f"token_ids must hold batch_size * prompt_len = "
+                         f"{batch_size * prompt_len} ids, got {len(token_ids)}")
+    per_req = -(-total // block_size)
+    engine = LLMEngine(model, num_blocks=batch_size * per_req, block_size=block_size,
+                       max_num_seqs=max_num_seqs, max_num_batched_tokens=1024,
+                       enable_prefix_caching=False)
+    prompts = [list(token_ids[i * prompt_len:(i + 1) * prompt_len]) for i in range(batch_size)]
+    _, arrivals = run_with_arrivals(engine, prompts, SamplingParams(output_len, ignore_eos=True),
+                                    [0] * batch_size)
+    steps = engine.steps
+    dec = [len(s.decode) for s in steps if s.decode]
+    return dict(batch_size=batch_size, prompt_len=prompt_len, output_len=output_len,
+                max_num_seqs=max_num_seqs, block_size=block_size,
+                steps=len(steps), prefill_steps=sum(bool(s.prefill) for s in steps),
+                mean_rows=sum(dec) / max(len(dec), 1), max_rows=max(dec, default=0),
+                blocks_per_request=per_req, slots_per_request=per_req * block_size,
+                tokens_per_request=total, unused_slots=per_req * block_size - total,
+                pool_blocks=engine.block_manager.num_blocks,
+                peak_blocks=engine.block_manager.num_blocks
+                - min(s.num_free_blocks for s in steps),
+                timelines=request_timeline(engine, arrivals))
+
+
+def serving_panel(model, token_ids: list[int], batch_size: int = 8, prompt_len: int = 16,
+                  output_len: int = 16, max_num_seqs: int = 4, block_size: int = 16):
+    """Print the step and KV-block counts of :func:`serving_counts` (same arguments) and
+    draw :func:`serving_timeline`. Counts only (no times), so the printed text is the same
+    on every machine.
+
+    Raises:
+        ValueError: as :func:`serving_counts`.
+    """
+    c = serving_counts(model, token_ids, batch_size, prompt_len, output_len, max_num_seqs,
+                       block_size)
+    print(f"{batch_size} requests x ({prompt_len} prompt + {output_len} new tokens), "
+          f"max_num_seqs={max_num_seqs}, block_size={block_size}")
+    print(f"  steps: {c['steps']}, {c['prefill_steps']} with prefill; decode rows per step: "
+          f"mean {c['mean_rows']:.2f}, max {c['max_rows']}")
+    print(f"  KV blocks per request: {c['blocks_per_request']} ({c['slots_per_request']} "
+          f"slots for {c['tokens_per_request']} tokens, {c['unused_slots']} unused)")
+    print(f"  pool: {c['pool_blocks']} blocks, at most {c['peak_blocks']} in use at once")
+    return serving_timeline(c["timelines"], title=f"{batch_size} requests, {max_num_seqs} seats")
+
+
+def serving_explorer(model, token_ids: list[int]):
+    """Sliders for :func:`tokenflow.viz.serving_panel`: requests (the batch that arrives
+    together), prompt length, output length, max running sequences and KV block size.
+    Settings past the model's positions print the error instead. Returns an
+    ``ipywidgets.interactive``."""
+
+    def show(batch_size, prompt_len, output_len, max_num_seqs, block_size):
+        import matplotlib.pyplot as plt
+        try:
+            serving_panel(model, token_ids, batch_size, prompt_len, output_len, max_num_seqs,
+                          block_size)
+        except ValueError as e:
+            print(e)
+            return
+        plt.show()
+
+    def s(desc, lo, hi, val):
+        return widgets.IntSlider(value=val, min=lo, max=hi, description=desc,
+                                 continuous_update=False)
+    return widgets.interactive(
+        show, batch_size=s("requests", 1, 16, 8), prompt_len=s("prompt len", 1, 64, 16),
+        output_len=s("output len", 1, 64, 16), max_num_seqs=s("max seqs", 1, 16, 4),
+        block_size=widgets.Dropdown(options=[1, 2, 4, 8, 16, 32], value=16,
+                                    description="block size"))
+
+
+def _timeline_rows(timelines, outputs, seconds: bool):
+    """Headers and rows shared by :func:`timeline_table` and :func:`timeline_view`."""
+    out = {o.request_id: o for o in outputs}
+    if {r.request_id for r in timelines} - set(out):
+        raise ValueError("timelines and outputs must describe the same requests")
+    ms = lambda v: None if v is None else v * 1e3                      # noqa: E731
+    if seconds:
+        headers = ["id", "prompt", "new", "TTFT ms", "TPOT ms", "e2e ms"]
+    else:
+        headers = ["id", "prompt", "new", "arrives", "waits", "TTFT steps", "done at"]
+    rows = []
+    for r in timelines:
+        o = out[r.request_id]
+        head = [r.request_id, len(o.prompt_token_ids), len(o.output_token_ids)]
+        rows.append(head + ([ms(o.ttft), ms(o.tpot), ms(o.e2e_latency)] if seconds else
+                            [r.arrival, r.count("wait"), r.ttft_steps, r.finish_step]))
+    return headers, rows
+
+
+def timeline_table(timelines, outputs, seconds: bool = False) -> str:
+    """One line per request of a served workload: prompt and generated tokens, then either
+    step counts from its :class:`tokenflow.serving.RequestTimeline` (arrival step, steps
+    waiting, time to first token in steps, last step), or, with ``seconds=True``, the
+    measured TTFT, TPOT and end-to-end latency of its ``RequestOutput`` in ms (these vary
+    from run to run). Plain text; :func:`timeline_view` gives the same rows as a table.
+
+    Raises:
+        ValueError: if the two lists do not hold the same request ids.
+    """
+    headers, rows = _timeline_rows(timelines, outputs, seconds)
+    widths = [max(len(h), 4) if i else 3 for i, h in enumerate(headers)]
+    cell = lambda v: "-" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)  # noqa
+    return "\n".join(" ".join(f"{cell(v):>{w}}" for v, w in zip(r, widths))
+                     for r in [headers] + rows)
+
+
+def timeline_view(timelines, outputs, seconds: bool = False):
+    """:func:`timeline_table`'s rows as a :class:`tokenflow.viz.Table` (HTML in the book),
+    times in ms with 1 decimal.
+
+    Raises:
+        ValueError: if the two lists do not hold the same request ids.
+    """
+    from .fmt import Table
+    headers, rows = _timeline_rows(timelines, outputs, seconds)
+    title = ("measured per request (ms; they change from run to run)" if seconds else
+             "per request, in engine steps (the same on every machine)")
+    return Table(rows, headers, digits=1, title=title)
+
+
+def serving_summary_table(counts: dict):
+    """The counts of :func:`tokenflow.viz.serving_counts` as a two-column
+    :class:`tokenflow.viz.Table` (what a served batch took: steps, decode rows, KV blocks)."""
+    from .fmt import Table
+    c = counts
+    rows = [("engine steps", c["steps"]), ("steps with a prefill", c["prefill_steps"]),
+            ("decode rows per step, mean", round(c["mean_rows"], 2)),
+            ("decode rows per step, max", c["max_rows"]),
+            ("KV blocks per request", c["blocks_per_request"]),
+            ("slots per request (unused)", f"{c['slots_per_request']} ({c['unused_slots']})"),
+            ("blocks in the pool", c["pool_blocks"]),
+            ("blocks in use at the busiest step", c["peak_blocks"])]
+    return Table(rows, ["", "count"], align="<>",
+                 title=f"{c['batch_size']} requests x ({c['prompt_len']} prompt + "
+                       f"{c['output_len']} new tokens), seats: {c['max_num_seqs']}, "
+                       f"block size {c['block_size']}")
+
+
+def serving_static(model, token_ids: list[int], requests=(4, 8, 16), max_num_seqs=(1, 2, 4, 8),
+                   block_size=(4, 16), prompt_len: int = 16, output_len: int = 16,
+                   default: dict | None = None):
+    """Kernel-less explorer of :func:`serving_summary_table` over the number of requests
+    (arriving together), the seats (``max_num_seqs``) and the KV block size, for fixed
+    prompt and output lengths (:func:`tokenflow.viz.precomputed_explorer`; tables, not
+    figures, to keep the page small). Raises as :func:`tokenflow.viz.serving_counts`."""
+    from .static import precomputed_explorer
+    return precomputed_explorer(
+        lambda requests, seats, block: serving_summary_table(serving_counts(
+            model, token_ids, requests, prompt_len, output_len, seats, block)),
+        {"requests": list(requests), "seats": list(max_num_seqs), "block": list(block_size)},
+        default=default, title=f"serving: {prompt_len}-token prompts + {output_len} new tokens")

@@ -1,0 +1,86 @@
+"""Trace events as tables: the rows a :class:`tokenflow.analysis.trace.Trace` recorded, the
+shapes of one traced pass at any B, S, E, and the decode-step trace explorer (chapters 00, 06).
+
+Part of :mod:`tokenflow.viz`, the only package that draws; nothing below it imports it.
+"""
+from __future__ import annotations
+
+import ipywidgets as widgets
+
+from .hidden import shape_controls
+
+__all__ = ["decode_trace_summary", "decode_trace_explorer", "trace_table", "TRACE_SHAPES_WHERE",
+           "trace_shapes_table", "trace_shapes_static", "decode_trace_static"]
+
+
+def decode_trace_summary(config, batch_size: int, seq_len: int, num_experts: int) -> str:
+    """The trace of a random-weight model of ``config`` with ``B``, ``S``, ``E`` changed
+    (:func:`tokenflow.analysis.trace.trace_shapes`), tied to the diagram nodes; blocks 0 and 1 only
+    (the others repeat block 1)."""
+    from tokenflow.analysis.trace import trace_shapes
+
+    from .diagram import diagram_trace_table
+    trace = trace_shapes(config, batch_size, seq_len, num_experts=num_experts)
+    return diagram_trace_table(trace, layers=(0, 1))
+
+
+def decode_trace_explorer(config, **slider_specs):
+    """:func:`shape_controls` sliders (B, S, E) printing :func:`decode_trace_summary`.
+    Returns an ``ipywidgets.interactive``."""
+    def show(batch_size, seq_len, num_experts):
+        print(decode_trace_summary(config, batch_size, seq_len, num_experts))
+    return widgets.interactive(show, **shape_controls(**slider_specs))
+
+
+def trace_table(trace, where: tuple[str, ...] | None = None, note: bool = True):
+    """:class:`tokenflow.analysis.trace.Trace` events as a :class:`tokenflow.viz.Table`: index, action,
+    where, input and output shape (no-break spaces, so a shape stays on one line), bytes and
+    (``note=True``) the note. ``where`` keeps only
+    events whose ``where`` is in it (e.g. ``("embedding", "LM head")``)."""
+    from .fmt import Table
+    def shape(t):                      # no-break spaces: a shape never wraps inside a cell
+        return "[" + ",\u00a0".join(str(n) for n in t) + "]"
+    rows = [[i, e.action, e.where, shape(e.in_shape), shape(e.out_shape), e.nbytes]
+            + ([e.note] if note else [])
+            for i, e in enumerate(trace.events) if where is None or e.where in where]
+    headers = ["#", "action", "where", "in shape", "out shape", "bytes"] + (["note"] if note else [])
+    return Table(rows, headers)
+
+
+TRACE_SHAPES_WHERE = ("embedding", "layer 1 attention", "layer 1 MoE", "LM head")
+
+
+def trace_shapes_table(config, batch_size: int, seq_len: int, num_experts: int):
+    """The rows of :func:`tokenflow.analysis.trace.trace_shapes` (random weights, only the shapes mean
+    anything) for the embedding, the first MoE block and the LM head, as a
+    :class:`tokenflow.viz.Table`. Raises as ``trace_shapes``."""
+    from tokenflow.analysis.trace import trace_shapes
+    t = trace_shapes(config, batch_size, seq_len, num_experts=num_experts)
+    return trace_table(t, where=TRACE_SHAPES_WHERE)
+
+
+def trace_shapes_static(config, batch=(1, 2, 8), seq_len=(1, 5, 64), experts=(2, 8, 32),
+                        default=None):
+    """Kernel-less explorer of :func:`trace_shapes_table` over the given values of ``B``,
+    ``S`` and ``E`` (:func:`tokenflow.viz.precomputed_explorer`; at most 48 combinations)."""
+    from .static import precomputed_explorer
+    return precomputed_explorer(
+        lambda B, S, E: trace_shapes_table(config, B, S, E),
+        {"B": list(batch), "S": list(seq_len), "E": list(experts)},
+        default=default, title="trace shapes for batch B, sequence length S, experts E")
+
+
+def decode_trace_static(config, batch_size=(1, 2, 4, 8), seq_len=(1, 8, 32),
+                        num_experts=(4, 8, 16)):
+    """:func:`decode_trace_explorer` without a kernel: :func:`decode_trace_summary` for every
+    ``(B, S, E)`` of the grid (random weights: only the shapes mean anything)."""
+    from .static import precomputed_explorer
+
+    def show(**kw):
+        return decode_trace_summary(config, kw["batch B"], kw["seq len S"], kw["experts E"])
+    return precomputed_explorer(
+        show, {"batch B": list(batch_size), "seq len S": list(seq_len),
+               "experts E": list(num_experts)},
+        title="trace of a random-weight model, blocks 0 and 1",
+        default={"batch B": batch_size[0], "seq len S": seq_len[min(1, len(seq_len) - 1)],
+                 "experts E": num_experts[min(1, len(num_experts) - 1)]})

@@ -1,0 +1,169 @@
+"""The package's layering, read from the code's own imports (DESIGN.md section 2).
+
+    viz                                    draws; nothing else imports it
+    analysis  serving  parallel  interop   measure, serve, split, convert
+    inference                              generate / sampling / phases
+    model                                  what a token passes through
+
+Every ``import`` and ``from ... import`` counts, module level or inside a function, since a
+lazy import is still a dependency. The rules are checked on the real graph, and each rule is
+shown to fire on the real graph with one wrong import added.
+"""
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "tokenflow"
+
+# which top-level parts of tokenflow each part may import (itself always allowed)
+ALLOWED = {
+    "model": set(),
+    "inference": {"model"},
+    "serving": {"model", "inference"},
+    "parallel": {"model", "inference", "analysis", "interop"},
+    "analysis": {"model", "inference", "serving", "parallel"},
+    "interop": {"model", "tokenizer"},
+    "tokenizer": set(),
+    "train": {"model", "interop", "tokenizer"},
+    "check": {"model", "inference", "interop", "tokenizer", "viz"},
+    "viz": {"model", "inference", "serving", "parallel", "analysis", "interop", "tokenizer"},
+}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _resolve(mod: str, is_pkg: bool, node: ast.ImportFrom) -> list[str]:
+    if node.level == 0:
+        base = node.module or ""
+    else:
+        pkg = mod.split(".") if is_pkg else mod.split(".")[:-1]
+        pkg = pkg[:len(pkg) - (node.level - 1)]
+        base = ".".join(pkg + ([node.module] if node.module else []))
+    # `from pkg import submodule` names the submodule itself
+    return [f"{base}.{a.name}" if (SRC.parent / Path(*f"{base}.{a.name}".split("."))).with_suffix(".py").exists()
+            or (SRC.parent / Path(*f"{base}.{a.name}".split("."))).is_dir() else base
+            for a in node.names]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """{module: tokenflow modules it imports}, from every .py file under src/tokenflow."""
+    graph = {}
+    for path in sorted(SRC.rglob("*.py")):
+        mod = module_name(path)
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("tokenflow")}
+            elif isinstance(node, ast.ImportFrom):
+                deps |= {d for d in _resolve(mod, path.name == "__init__.py", node)
+                         if d.startswith("tokenflow")}
+        graph[mod] = deps - {mod}
+    return graph
+
+
+def part(mod: str) -> str:
+    """The top-level part of tokenflow a module belongs to ('' for the package root)."""
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that break ALLOWED (the package root ``tokenflow/__init__.py`` re-exports the
+    public API and is exempt; nothing may import the root except through its submodules)."""
+    bad = []
+    for mod, deps in graph.items():
+        src = part(mod)
+        if not src:
+            continue
+        for dep in deps:
+            dst = part(dep)
+            if dst == src:
+                continue
+            if dst == "" or dst not in ALLOWED.get(src, set()):
+                bad.append(f"{mod} imports {dep}")
+    return sorted(bad)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Import cycles between modules (Tarjan's strongly connected components of size > 1,
+    or a module importing itself)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph()
+
+
+def test_graph_sees_the_packages(graph):
+    # a sanity check that the parser resolves relative and absolute imports
+    assert "tokenflow.model.kv_cache" in graph["tokenflow.model.attention"]
+    assert "tokenflow.model.config" in graph["tokenflow.interop.checkpoint"]
+    assert {part(m) for m in graph} >= {"model", "inference", "serving", "parallel", "analysis",
+                                         "interop", "viz"}
+
+
+def test_layering_holds(graph):
+    assert layering_violations(graph) == []
+
+
+def test_no_import_cycles(graph):
+    assert cycles(graph) == []
+
+
+def test_nothing_outside_viz_imports_viz(graph):
+    assert [m for m, deps in graph.items() if part(m) not in ("viz", "", "check")
+            and any(part(d) == "viz" for d in deps)] == []
+
+
+@pytest.mark.parametrize("src,dst", [
+    ("tokenflow.model.attention", "tokenflow.analysis.costmodel"),   # model -> analysis
+    ("tokenflow.model.kv_cache", "tokenflow.viz.fmt"),               # model -> viz
+    ("tokenflow.inference.generate", "tokenflow.serving.engine"),    # inference -> serving
+    ("tokenflow.analysis.trace", "tokenflow.viz.fmt"),               # analysis -> viz
+    ("tokenflow.serving.runner", "tokenflow.interop.checkpoint"),    # serving -> interop
+])
+def test_an_upward_import_is_caught(graph, src, dst):
+    planted = {m: set(d) for m, d in graph.items()}
+    planted[src].add(dst)
+    assert f"{src} imports {dst}" in layering_violations(planted)
+
+
+def test_a_cycle_is_caught(graph):
+    planted = {m: set(d) for m, d in graph.items()}
+    planted["tokenflow.interop.hf_models"].add("tokenflow.interop.hf_export")  # the old cycle
+    assert ["tokenflow.interop.hf_export", "tokenflow.interop.hf_models"] in cycles(planted)
