@@ -167,7 +167,7 @@ class Scheduler:
     def update(self, plan: StepPlan, sampled: dict) -> list[Request]:
         """Apply a computed step: advance ``num_computed_tokens``, register full blocks in
         the prefix cache, append ``sampled[request_id]`` for chunks that sample, and finish
-        requests (``finish_reason`` ``"eos"`` or ``"length"``; blocks freed).
+        requests (``finish_reason`` ``"eos"``, ``"stop"`` or ``"length"``; blocks freed).
 
         Returns:
             the requests that finished in this step.
@@ -193,11 +193,32 @@ class Scheduler:
                 finished.append(req)
         return finished
 
+    def finish(self, req: Request, reason: str) -> None:
+        """Finish ``req`` now, wherever it is (waiting or running): ``finish_reason =
+        reason`` (``"abort"``, ``"error"``), blocks freed at once.
+
+        Raises:
+            ValueError: ``req`` is neither waiting nor running.
+        """
+        if req in self.running:
+            self.running.remove(req)
+            self.block_manager.free(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        else:
+            raise ValueError(f"request {req.request_id!r} is neither waiting nor running")
+        req.finish_reason, req.finish_time = reason, time.perf_counter()
+        req.status = RequestStatus.FINISHED
+
     @staticmethod
     def _finish_reason(req: Request, token: int) -> str | None:
-        p = req.params
-        if not p.ignore_eos and token == p.eos_token_id:
+        """``"eos"`` (an end-of-sequence id, unless ``ignore_eos``), ``"stop"`` (a
+        ``stop_token_ids`` id), ``"length"`` (``max_new_tokens`` reached) or None. A stop
+        id that is also the last allowed token still counts as a stop."""
+        if not req.params.ignore_eos and token in req.eos_ids:
             return "eos"
-        if len(req.output_token_ids) >= p.max_new_tokens:
+        if token in req.stop_ids:
+            return "stop"
+        if len(req.output_token_ids) >= req.params.max_new_tokens:
             return "length"
         return None
