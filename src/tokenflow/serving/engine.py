@@ -153,9 +153,9 @@ class LLMEngine:
         prompt = self._check_prompt(prompt_token_ids)
         params = self._check_params(params)
         if request_id is None:
-            while self._next_id in self._ids or self._next_id in taken:
-                self._next_id += 1                   # never an id the caller chose
             request_id = self._next_id
+            while request_id in self._ids or request_id in taken:
+                request_id += 1                      # never an id the caller chose
         try:
             hash(request_id)
         except TypeError:
@@ -188,6 +188,8 @@ class LLMEngine:
     def _queue(self, req: Request) -> None:
         """Queue a checked request, or finish it as rejected when it can never run."""
         self._ids.add(req.request_id)
+        while self._next_id in self._ids:
+            self._next_id += 1
         reason = self._rejection(req)
         if reason is not None:
             req.finish_reason, req.finish_time = "rejected", time.perf_counter()

@@ -40,7 +40,8 @@ def _int(name: str, v, lo: int, hi: int | None = None, none: bool = False) -> in
 
 def _bool(name: str, v) -> bool:
     """``v`` as a plain bool (``numpy.bool_`` accepted; ints and strings rejected)."""
-    if isinstance(v, bool) or type(v).__name__ == "bool_":
+    if isinstance(v, bool) or (type(v).__module__ == "numpy" and
+                               type(v).__name__ in ("bool", "bool_")):
         return bool(v)
     raise TypeError(f"{name} must be a bool, got {type(v).__name__} {v!r}")
 
