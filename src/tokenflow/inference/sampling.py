@@ -122,7 +122,7 @@ def check_token_ids(token_ids, vocab_size: int, name: str = "eos_token_id"
     """Check stop-token ids (an end-of-sequence id or a list of them) against the vocabulary;
     return them as a tuple of plain ints.
 
-    The one check of an end-of-sequence / stop id that :func:`tokenflow.generate` and the
+    The one check of an end-of-sequence / stop id that :func:`tokenflow.inference.generate` and the
     serving engine (:class:`tokenflow.serving.SamplingParams`) share. An id outside
     ``[0, vocab_size)`` could never be produced, so generation would never stop on it.
 

@@ -227,7 +227,8 @@ class RequestOutput:
 
     Fields:
         request_id, prompt_token_ids, output_token_ids (the generated ids; ends with the
-            end-of-sequence id when ``finish_reason == "eos"``, as :func:`tokenflow.inference.generate`).
+            end-of-sequence id when ``finish_reason == "eos"``, as
+            :func:`tokenflow.inference.generate`).
         finish_reason: ``"eos"``, ``"stop"`` (a ``stop_token_ids`` id), ``"length"``
             (``max_new_tokens`` reached), ``"abort"`` (:meth:`LLMEngine.abort`), ``"error"``
             (computing its step raised; ``reason`` says what) or ``"rejected"`` (never run:

@@ -2,8 +2,9 @@
 
 The runner computes a step's logits, ``{request_id: [V]}``; :func:`sample_requests` turns
 each row into a :class:`SampledToken` with the request's own parameters and its own seeded
-generator (:func:`tokenflow.inference.sampling.sample`, the call :func:`tokenflow.inference.generate` makes), so
-a request's tokens do not depend on its batch. Each row is sampled on its own inside
+generator (:func:`tokenflow.inference.sampling.sample`, the call
+:func:`tokenflow.inference.generate` makes), so a request's tokens do not depend on its
+batch. Each row is sampled on its own inside
 ``try``: if one request's sampling raises, that request gets an ``error`` and the others
 their tokens (the engine then finishes it with ``finish_reason="error"``).
 """
@@ -34,8 +35,8 @@ def sample_token(logits: torch.Tensor, req: Request) -> SampledToken:
     """The next token of ``req`` from its logits row ``[V]``.
 
     Greedy (``temperature < GREEDY_TEMPERATURE``) rows take the argmax of the logits as they
-    are, as :func:`tokenflow.generate` does; other rows go through
-    :func:`tokenflow.sampling.sample` with ``req.generator``.
+    are, as :func:`tokenflow.inference.generate` does; other rows go through
+    :func:`tokenflow.inference.sampling.sample` with ``req.generator``.
 
     Log-probabilities (when ``req.params.logprobs`` is an int ``n``): ``log_softmax`` of the
     raw float32 logits, before temperature and the filters (vLLM's default
