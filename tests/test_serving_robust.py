@@ -399,7 +399,10 @@ def test_good_requests_survive_every_bad_kind(model, monkeypatch):
     assert engine.outputs[failing].finish_reason == "error"
     assert engine.outputs[aborted].finish_reason == "abort"
     assert _all_blocks_free(engine)
-    assert math.isfinite(engine.metrics()["mean_ttft_s"])
+    m = engine.metrics()
+    assert math.isfinite(m["mean_ttft_s"])
+    assert (m["num_rejected"], m["num_errors"], m["num_aborted"]) == (1, 1, 1)
+    assert m["num_requests"] == len(good) + 3
 
 
 # =================================================================== F13: what users expect
@@ -628,3 +631,19 @@ def test_ttft_tpot_e2e_from_known_times(model):
     m = engine.metrics()
     assert m["mean_tpot_s"] == pytest.approx(0.75) and m["mean_ttft_s"] == pytest.approx(0.75)
     assert m["num_generated_tokens"] == 7
+
+
+def test_config_without_eos_never_stops_early(model):
+    """A config whose ``eos_token_id`` is None (some HF configs): generate and the engine both
+    run to ``max_new_tokens``; a request can still set its own EOS."""
+    prompt = _ids(7, 140)
+    ref = _greedy_ref(model, prompt, 10)
+    i, t = _new_token(ref, 2)
+    m = copy.deepcopy(model)
+    m.config.eos_token_id = None
+    assert generate(m, torch.tensor([prompt]), 10)[0, 7:].tolist() == ref
+    a, b = _engine(m).run([prompt, prompt],
+                          [SamplingParams(10), SamplingParams(10, eos_token_id=t)],
+                          use_tqdm=False)
+    assert a.output_token_ids == ref and a.finish_reason == "length"
+    assert b.output_token_ids == ref[:i + 1] and b.finish_reason == "eos"

@@ -71,6 +71,8 @@ def _check_stop_args(config, max_new_tokens, eos_token_id, stop_at_eos) -> tuple
         return ()
     if eos_token_id is None:
         eos_token_id = config.eos_token_id
+        if eos_token_id is None:                   # a config without an EOS id
+            return ()
     return check_token_ids(eos_token_id, config.vocab_size, "eos_token_id")
 
 

@@ -354,7 +354,8 @@ class LLMEngine:
             ``throughput_tok_s`` (generated tokens / elapsed), ``mean_ttft_s``,
             ``mean_tpot_s``, ``mean_e2e_s`` (over finished requests), ``num_preemptions``,
             ``prefix_cache_hit_rate`` (hit / looked-up full blocks),
-            ``num_recomputed_tokens`` (prefix hits the storage recomputed: 0 when paged).
+            ``num_recomputed_tokens`` (prefix hits the storage recomputed: 0 when paged),
+            ``num_aborted``, ``num_errors`` (requests finished as ``"abort"`` / ``"error"``).
         """
         done = [o for o in self.outputs.values() if o.finish_reason != "rejected"]
         elapsed = sum(s.seconds for s in self.steps)
@@ -375,4 +376,6 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_hit_rate=(bm.num_hit_blocks / bm.num_queried_blocks
                                    if bm.num_queried_blocks else 0.0),
-            num_recomputed_tokens=getattr(self.runner.storage, "num_recomputed_tokens", 0))
+            num_recomputed_tokens=getattr(self.runner.storage, "num_recomputed_tokens", 0),
+            num_aborted=sum(o.finish_reason == "abort" for o in done),
+            num_errors=sum(o.finish_reason == "error" for o in done))
