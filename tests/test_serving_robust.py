@@ -647,3 +647,50 @@ def test_config_without_eos_never_stops_early(model):
                           use_tqdm=False)
     assert a.output_token_ids == ref and a.finish_reason == "length"
     assert b.output_token_ids == ref[:i + 1] and b.finish_reason == "eos"
+
+
+# =================================================================== F13: n > 1 samples
+def test_n_samples_share_the_prompt_blocks_by_reference_count(model):
+    """``n=3``: three samples ``(rid, i)``, seeded ``seed + i``, each equal to generate with
+    that seed. Samples 1 and 2 wait one step for sample 0's prompt, then hold its 3 full
+    prompt blocks too (reference count 3) instead of computing and storing them again."""
+    prompt = _ids(14, 150)                                        # 3 full blocks + 2 tokens
+    engine = _engine(model)
+    sp = SamplingParams(6, 1.0, seed=7, n=3, ignore_eos=True)
+    rid = engine.add_request(prompt, sp)
+    engine.step()
+    assert engine.steps[0].prefill == [((rid, 0), 14)]
+    engine.step()
+    assert engine.steps[1].prefill == [((rid, 1), 2), ((rid, 2), 2)]
+    tables = {r.request_id: r.block_table for r in engine.scheduler.running}
+    shared = tables[(rid, 0)][:3]
+    assert tables[(rid, 1)][:3] == tables[(rid, 2)][:3] == shared
+    assert [engine.block_manager.blocks[b].ref_count for b in shared] == [3, 3, 3]
+    _drain(engine)
+    outs = [engine.outputs[(rid, i)] for i in range(3)]
+    for i, o in enumerate(outs):
+        one = SamplingParams(6, 1.0, seed=7 + i, ignore_eos=True)
+        assert o.output_token_ids == _ref(model, prompt, one), i
+    assert [o.num_cached_tokens for o in outs] == [0, 12, 12]
+    assert len({tuple(o.output_token_ids) for o in outs}) == 3
+    assert _all_blocks_free(engine) and rid not in engine.outputs
+
+
+def test_n_samples_in_run_abort_and_ids(model):
+    engine = _engine(model)
+    engine.add_request([5, 6], SamplingParams(2), request_id=(1, 0))
+    with pytest.raises(ValueError, match="already in use"):          # (1, 0) is taken
+        engine.add_request([5, 6], SamplingParams(2, n=2), request_id=1)
+    with pytest.raises(ValueError, match="request 1"):
+        engine.run([[5, 6], [7]], [SamplingParams(2, n=2), _sp(n=0)], use_tqdm=False)
+    outs = engine.run([[5, 6, 7], [8, 9]], [SamplingParams(3, n=2, seed=1), SamplingParams(3)],
+                      use_tqdm=False)
+    assert [o.request_id for o in outs] == [(0, 0), (0, 1), 1]
+    rid = engine.add_request([5], SamplingParams(2, n=2))            # 2: (1, 0) is taken
+    assert rid == 2 and engine.add_request([5], SamplingParams(2, n=2), request_id=3) == 3
+    _drain(engine)
+    rid = engine.add_request(_ids(9, 151), SamplingParams(8, 1.0, n=3, seed=2))
+    engine.step()
+    assert engine.abort(rid) is True and engine.abort(rid) is False
+    assert [engine.outputs[(rid, i)].finish_reason for i in range(3)] == ["abort"] * 3
+    assert _all_blocks_free(engine)

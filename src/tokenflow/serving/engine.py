@@ -100,6 +100,7 @@ class LLMEngine:
         self._new_outputs: list[RequestOutput] = []
         self._next_id = 0
         self._ids: set = set()             # every request id added so far
+        self._children: dict = {}          # request id of an n > 1 request -> sample ids
 
     # ------------------------------------------------------------------ requests
     def _check_prompt(self, prompt_token_ids) -> list[int]:
@@ -148,21 +149,30 @@ class LLMEngine:
         return params.normalized(c.vocab_size)
 
     def _check_request(self, prompt_token_ids, params, request_id, arrival_time,
-                       taken: set) -> Request:
-        """Check and copy one request's arguments into a :class:`Request` (not queued)."""
+                       taken: set) -> list[Request]:
+        """Check and copy one request's arguments into :class:`Request` objects (not
+        queued): one, or the ``n`` samples ``(request_id, i)`` of an ``n > 1`` request."""
         prompt = self._check_prompt(prompt_token_ids)
         params = self._check_params(params)
+
+        def ids(rid) -> list:                        # the request's id and its samples'
+            return [rid] + [(rid, i) for i in range(params.n if params.n > 1 else 0)]
+
+        def in_use(rid) -> list:
+            return [i for i in ids(rid) if i in self._ids or i in taken]
+
         if request_id is None:
             request_id = self._next_id
-            while request_id in self._ids or request_id in taken:
+            while in_use(request_id):
                 request_id += 1                      # never an id the caller chose
         try:
             hash(request_id)
         except TypeError:
             raise TypeError(f"request_id must be hashable, got {type(request_id).__name__}"
                             ) from None
-        if request_id in self._ids or request_id in taken:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+        used = in_use(request_id)
+        if used:
+            raise ValueError(f"request_id {used[0]!r} is already in use")
         if arrival_time is not None:
             if isinstance(arrival_time, bool) or not isinstance(arrival_time, numbers.Real):
                 raise TypeError(f"arrival_time must be a number of seconds "
@@ -170,7 +180,22 @@ class LLMEngine:
             if not math.isfinite(arrival_time) or arrival_time < 0:
                 raise ValueError(f"arrival_time must be finite and >= 0, got {arrival_time!r}")
             arrival_time = float(arrival_time)
-        return Request(request_id, prompt, params, arrival_time)
+        if params.n == 1:
+            return [Request(request_id, prompt, params, arrival_time)]
+        if arrival_time is None:
+            arrival_time = time.perf_counter()
+        samples = [Request((request_id, i), prompt, dataclasses.replace(
+            params, n=1, seed=None if params.seed is None else (params.seed + i) % 2**64),
+            arrival_time) for i in range(params.n)]
+        for r in samples:
+            r.parent_id, r.prompt_source = request_id, samples[0] if r.request_id[1] else None
+        return samples
+
+    @staticmethod
+    def _ids_of(reqs: list[Request]) -> list:
+        """The ids a checked request takes: its own, or its parent's and its samples'."""
+        return [r.request_id for r in reqs] + [reqs[0].parent_id] * (
+            reqs[0].parent_id is not None)
 
     def _rejection(self, req: Request) -> str | None:
         """Why a well-formed request can never run on this engine, or None."""
@@ -188,6 +213,9 @@ class LLMEngine:
     def _queue(self, req: Request) -> None:
         """Queue a checked request, or finish it as rejected when it can never run."""
         self._ids.add(req.request_id)
+        if req.parent_id is not None:
+            self._ids.add(req.parent_id)
+            self._children.setdefault(req.parent_id, []).append(req.request_id)
         while self._next_id in self._ids:
             self._next_id += 1
         reason = self._rejection(req)
@@ -213,7 +241,9 @@ class LLMEngine:
             params: :class:`SamplingParams`, a dict of its fields, or None (defaults).
                 ``eos_token_id=None`` takes the model config's (an int or a list).
             request_id: any hashable not used before in this engine; default the smallest
-                integer not yet used (never one the caller chose).
+                integer not yet used (never one the caller chose). With ``params.n > 1`` the
+                samples get the ids ``(request_id, i)`` (their results are in
+                :attr:`outputs` under them; :meth:`abort` of ``request_id`` aborts all).
             arrival_time: ``time.perf_counter()`` seconds (a finite number >= 0); default now.
 
         Raises:
@@ -225,9 +255,10 @@ class LLMEngine:
                 argument. (A request that is fine but too long for the model or the block
                 pool does not raise: it finishes as ``"rejected"``, its result says why.)
         """
-        req = self._check_request(prompt_token_ids, params, request_id, arrival_time, set())
-        self._queue(req)
-        return req.request_id
+        reqs = self._check_request(prompt_token_ids, params, request_id, arrival_time, set())
+        for req in reqs:
+            self._queue(req)
+        return reqs[0].request_id if reqs[0].parent_id is None else reqs[0].parent_id
 
     def abort(self, request_id) -> bool:
         """Stop a waiting or running request now (vLLM's ``abort_request``): its blocks go
@@ -235,8 +266,11 @@ class LLMEngine:
         far) is in :attr:`outputs` and returned by the next :meth:`step`.
 
         Returns:
-            True if it was aborted; False if the id is unknown or already finished.
+            True if it (or, for an ``n > 1`` request, one of its samples) was aborted; False
+            if the id is unknown or already finished.
         """
+        if request_id in self._children:
+            return any([self.abort(c) for c in self._children[request_id]])
         req = next((r for r in list(self.scheduler.waiting) + self.scheduler.running
                     if r.request_id == request_id), None)
         if req is None:
@@ -311,8 +345,8 @@ class LLMEngine:
 
     def run(self, prompts: list, params=None, use_tqdm: bool = True) -> list[RequestOutput]:
         """Add ``prompts`` (lists of ids), step until all are done, return their results in
-        order. ``params``: one :class:`SamplingParams` / dict / None for all, or a list of
-        them.
+        order (a prompt with ``n > 1`` samples gives its ``n`` results in its place).
+        ``params``: one :class:`SamplingParams` / dict / None for all, or a list of them.
 
         Every request is checked before any is queued: if one is bad, nothing is queued.
 
@@ -330,11 +364,11 @@ class LLMEngine:
         reqs, taken = [], set()
         for i, (p, sp) in enumerate(zip(prompts, params)):
             try:
-                req = self._check_request(p, sp, None, None, taken)
+                new = self._check_request(p, sp, None, None, taken)
             except (TypeError, ValueError) as e:
                 raise type(e)(f"request {i}: {e}") from None
-            taken.add(req.request_id)
-            reqs.append(req)
+            taken.update(self._ids_of(new))
+            reqs += new
         for req in reqs:
             self._queue(req)
         ids = [r.request_id for r in reqs]

@@ -71,6 +71,11 @@ class SamplingParams:
             (int >= 0; 0 = the chosen token only), vLLM's ``logprobs``. The values are
             ``log_softmax`` of the model's raw logits at that position, **before**
             temperature, top-k, top-p and min-p (vLLM's default ``"raw_logprobs"``).
+        n: how many samples of this prompt (int >= 1). The engine fans them out into ``n``
+            child requests ``(request_id, 0) .. (request_id, n - 1)`` (as vLLM v1's
+            ``ParentRequest`` does), child ``i`` seeded with ``seed + i``; children 1.. wait
+            until child 0 has computed the prompt, then share its full prompt blocks
+            through the prefix cache (reference counts), so the prompt is stored once.
 
     Construction checks the fields (:meth:`normalized`); the engine checks and copies them
     again when a request is added, so a later change to this object reaches no request
@@ -87,6 +92,7 @@ class SamplingParams:
     eos_token_id: int | list[int] | None = None
     stop_token_ids: list[int] | None = None
     logprobs: int | None = None
+    n: int = 1
 
     def __post_init__(self):
         self.normalized()
@@ -128,7 +134,8 @@ class SamplingParams:
             seed=_int("seed", self.seed, 0, SEED_MAX, none=True),
             ignore_eos=_bool("ignore_eos", self.ignore_eos),
             eos_token_id=ids["eos_token_id"], stop_token_ids=ids["stop_token_ids"],
-            logprobs=_int("logprobs", self.logprobs, 0, V, none=True))
+            logprobs=_int("logprobs", self.logprobs, 0, V, none=True),
+            n=_int("n", self.n, 1))
 
     def _fill(self, **fields) -> "SamplingParams":
         for k, v in fields.items():
@@ -173,6 +180,9 @@ class Request:
         first_token_time, finish_time (perf_counter seconds or None), output_logprobs
         (one ``{token_id: logprob}`` per output token when ``params.logprobs`` is set).
         eos_ids, stop_ids: tuples of the ids that finish it as ``"eos"`` / ``"stop"``.
+        prompt_source: for sample 1.. of an ``n > 1`` request, sample 0 (whose computed
+            prompt blocks it waits for and shares), else None.
+        parent_id: for the samples of an ``n > 1`` request, that request's id, else None.
     """
 
     def __init__(self, request_id, prompt_token_ids: list[int], params: SamplingParams,
@@ -196,6 +206,8 @@ class Request:
         self.eos_ids: tuple = () if eos is None else tuple(eos) if isinstance(
             eos, (list, tuple)) else (eos,)
         self.stop_ids: tuple = tuple(params.stop_token_ids or ())
+        self.prompt_source: Request | None = None
+        self.parent_id = None
 
     @property
     def token_ids(self) -> list[int]:

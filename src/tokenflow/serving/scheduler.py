@@ -13,7 +13,8 @@ nano-vllm's check/act pairs):
 2. **Then waiting requests**, in arrival order, while the budget lasts, fewer than
    ``max_num_seqs`` run and the pool can hold all their tokens (``can_allocate`` /
    ``allocate``; prefix-cache hits count as already computed). None is admitted in a step
-   that preempted.
+   that preempted. Samples 1.. of an ``n > 1`` request wait until sample 0 has computed
+   the prompt: then its full blocks are in the prefix cache, and they share them.
 
 With ``static_batching=True`` step 2 happens only in a step that starts with nothing running:
 a batch is formed, runs until its last request has finished, and only then is the next batch
@@ -140,6 +141,10 @@ class Scheduler:
         """Move waiting requests to running while budget, seats and blocks allow."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
+            src = req.prompt_source                    # sample i > 0 of an n > 1 request
+            if src is not None and src.status is not RequestStatus.FINISHED and \
+                    src.num_computed_tokens < len(src.prompt_token_ids):
+                break                                  # its prompt blocks are not cached yet
             if not self.block_manager.can_allocate(req):
                 break
             self.waiting.popleft()
