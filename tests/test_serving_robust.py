@@ -686,9 +686,12 @@ def test_n_samples_in_run_abort_and_ids(model):
     outs = engine.run([[5, 6, 7], [8, 9]], [SamplingParams(3, n=2, seed=1), SamplingParams(3)],
                       use_tqdm=False)
     assert [o.request_id for o in outs] == [(0, 0), (0, 1), 1]
-    rid = engine.add_request([5], SamplingParams(2, n=2))            # 2: (1, 0) is taken
-    assert rid == 2 and engine.add_request([5], SamplingParams(2, n=2), request_id=3) == 3
-    _drain(engine)
+    other = _engine(model)
+    other.add_request([5], SamplingParams(2), request_id=(1, 0))
+    assert other.add_request([5], SamplingParams(2)) == 0
+    assert other.add_request([5], SamplingParams(2, n=2)) == 2       # 1: (1, 0) is taken
+    _drain(other)
+    assert set(other.outputs) == {(1, 0), 0, (2, 0), (2, 1)}
     rid = engine.add_request(_ids(9, 151), SamplingParams(8, 1.0, n=3, seed=2))
     engine.step()
     assert engine.abort(rid) is True and engine.abort(rid) is False
