@@ -317,6 +317,7 @@ class LLMEngine:
             prefill = [(c.request.request_id, c.num_tokens) for c in plan.chunks
                        if not c.is_decode]
             decode = [c.request.request_id for c in plan.chunks if c.is_decode]
+            num_tokens = plan.num_tokens
             try:
                 sampled = self.runner.execute(plan)
             except Exception as e:                   # noqa: BLE001 (the whole step failed)
@@ -339,7 +340,7 @@ class LLMEngine:
                 self._finish(req)
             self.steps.append(StepRecord(
                 len(self.steps), prefill, decode, [r.request_id for r in plan.preempted],
-                plan.num_tokens, time.perf_counter() - t0, self.block_manager.num_free_blocks))
+                num_tokens, time.perf_counter() - t0, self.block_manager.num_free_blocks))
         new, self._new_outputs = self._new_outputs, []
         return new
 
