@@ -15,7 +15,7 @@ import numbers
 import torch
 
 from tokenflow.model.kv_cache import KVCache
-from .sampling import check_sampling_args, is_greedy, sample
+from .sampling import check_sampling_args, check_token_ids, is_greedy, sample
 
 __all__ = ["prefill", "decode_step", "generate"]
 
@@ -58,8 +58,9 @@ def decode_step(model, token_ids: torch.Tensor, kv_cache: KVCache, trace=None) -
     return model(token_ids, kv_cache=kv_cache, trace=trace)[:, -1]
 
 
-def _check_stop_args(config, max_new_tokens, eos_token_id, stop_at_eos) -> int | None:
-    """Validate generate's length and stop arguments; return the EOS id to stop at (or None)."""
+def _check_stop_args(config, max_new_tokens, eos_token_id, stop_at_eos) -> tuple[int, ...]:
+    """Validate generate's length and stop arguments; return the EOS ids to stop at (empty
+    when not stopping)."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
         raise TypeError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     if max_new_tokens < 0:
@@ -67,23 +68,20 @@ def _check_stop_args(config, max_new_tokens, eos_token_id, stop_at_eos) -> int |
     if not isinstance(stop_at_eos, bool):
         raise TypeError(f"stop_at_eos must be a bool, got {stop_at_eos!r}")
     if not stop_at_eos:
-        return None
+        return ()
     if eos_token_id is None:
         eos_token_id = config.eos_token_id
-    if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, numbers.Integral):
-        raise TypeError(f"eos_token_id must be an int in [0, vocab_size) or None, "
-                        f"got {eos_token_id!r}")
-    if not 0 <= eos_token_id < config.vocab_size:
-        raise ValueError(f"eos_token_id must be in [0, vocab_size={config.vocab_size}), "
-                         f"got {eos_token_id}")
-    return int(eos_token_id)
+        if eos_token_id is None:                   # a config without an EOS id
+            return ()
+    return check_token_ids(eos_token_id, config.vocab_size, "eos_token_id")
 
 
 @torch.inference_mode()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              min_p: float | None = None, generator: torch.Generator | None = None,
-             attention_mask: torch.Tensor | None = None, eos_token_id: int | None = None,
+             attention_mask: torch.Tensor | None = None,
+             eos_token_id: int | list[int] | None = None,
              trace=None, stop_at_eos: bool = True) -> torch.Tensor:
     """Continue each prompt of ``input_ids [B,S]`` by up to ``max_new_tokens`` tokens.
 
@@ -95,8 +93,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
             ``temperature=0`` is greedy.
         generator: ``torch.Generator`` for reproducible sampling.
         attention_mask: ``[B,S]`` 1 = real token, 0 = left padding.
-        eos_token_id: end-of-sequence id; default ``model.config.eos_token_id``. Once a row
-            emits it, the row keeps emitting it; generation stops early when every row has.
+        eos_token_id: end-of-sequence id, or a list of them (stop at any); default
+            ``model.config.eos_token_id``. Once a row emits one, the row keeps emitting it;
+            generation stops early when every row has.
         stop_at_eos: set False to ignore end-of-sequence and always add
             ``max_new_tokens`` tokens.
         trace: optional :class:`~tokenflow.analysis.trace.Trace` (records every forward and
@@ -107,7 +106,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
 
     Raises:
         TypeError: ``input_ids`` not an integer tensor, ``generator`` not a torch.Generator,
-            ``max_new_tokens`` or ``eos_token_id`` not an int (bools are rejected),
+            ``max_new_tokens`` or ``eos_token_id`` not an int (or, for ``eos_token_id``, a
+            list of ints; bools are rejected),
             ``stop_at_eos`` not a bool.
         ValueError: bad sampling arguments, ``input_ids`` not ``[B,S]`` or out of range,
             ``max_new_tokens < 0``, ``eos_token_id`` outside ``[0, vocab_size)`` (it could
@@ -119,7 +119,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
         raise TypeError(f"generator must be a torch.Generator or None, "
                         f"got {type(generator).__name__}")
     model._check_inputs(input_ids, None, attention_mask)
-    eos_token_id = _check_stop_args(model.config, max_new_tokens, eos_token_id, stop_at_eos)
+    eos_ids = torch.tensor(_check_stop_args(model.config, max_new_tokens, eos_token_id,
+                                            stop_at_eos), dtype=torch.long,
+                           device=input_ids.device)                     # [n_eos]
     max_new_tokens = int(max_new_tokens)
     B, S = input_ids.shape
     limit = model.config.max_position_embeddings
@@ -143,12 +145,12 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
                          note=("greedy argmax" if is_greedy(temperature) else
                                f"T={temperature}, top_k={top_k}, top_p={top_p}, "
                                f"min_p={min_p}"))
-        if eos_token_id is not None:
-            nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
-            done |= nxt == eos_token_id
+        if len(eos_ids):
+            nxt = torch.where(done, out[-1][:, 0], nxt)     # a finished row repeats its EOS
+            done |= torch.isin(nxt, eos_ids)
         nxt = nxt[:, None]                                              # [B, 1]
         out.append(nxt)
-        if step == max_new_tokens - 1 or (eos_token_id is not None and bool(done.all())):
+        if step == max_new_tokens - 1 or (len(eos_ids) and bool(done.all())):
             break
         logits = decode_step(model, nxt, cache, trace)
     return torch.cat(out, dim=1)

@@ -66,7 +66,8 @@ import numbers
 
 import torch
 
-__all__ = ["filter_logits", "sample", "check_sampling_args", "apply_temperature",
+__all__ = ["filter_logits", "sample", "check_sampling_args", "check_token_ids",
+           "apply_temperature",
            "apply_top_k", "apply_top_p", "apply_min_p", "filter_steps", "is_greedy",
            "GREEDY_TEMPERATURE"]
 
@@ -114,6 +115,39 @@ def check_sampling_args(temperature: float = 1.0, top_k: int | None = None,
             raise TypeError(f"min_p must be a number in [0, 1] or None, got {min_p!r}")
         if not 0 <= min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+
+
+def check_token_ids(token_ids, vocab_size: int, name: str = "eos_token_id"
+                    ) -> tuple[int, ...]:
+    """Check stop-token ids (an end-of-sequence id or a list of them) against the vocabulary;
+    return them as a tuple of plain ints.
+
+    The one check of an end-of-sequence / stop id that :func:`tokenflow.inference.generate` and the
+    serving engine (:class:`tokenflow.serving.SamplingParams`) share. An id outside
+    ``[0, vocab_size)`` could never be produced, so generation would never stop on it.
+
+    Args:
+        token_ids: an int, or a list / tuple of ints (several end-of-sequence ids, as in
+            Llama 3's config ``eos_token_id: [128001, 128009]``; stop at any of them). Numpy
+            integers are accepted; bools are not.
+        vocab_size: the model's ``V``.
+        name: the argument's name, for the error message.
+
+    Returns:
+        ``tuple[int, ...]`` (one entry for a single id; empty for an empty list).
+
+    Raises:
+        TypeError: not an int or a list / tuple of ints.
+        ValueError: an id outside ``[0, vocab_size)``.
+    """
+    many = isinstance(token_ids, (list, tuple))
+    for t in token_ids if many else (token_ids,):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"{name} must be an int in [0, vocab_size) or a list of them, "
+                            f"got {token_ids!r}")
+        if not 0 <= t < vocab_size:
+            raise ValueError(f"{name} must be in [0, vocab_size={vocab_size}), got {int(t)}")
+    return tuple(int(t) for t in token_ids) if many else (int(token_ids),)
 
 
 def _as_2d(logits: torch.Tensor) -> tuple[torch.Tensor, bool]:

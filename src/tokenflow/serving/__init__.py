@@ -1,12 +1,14 @@
 """A small serving engine in the spirit of vLLM / nano-vllm, written for reading.
 
 request.py (what a request asks and gets) -> block_manager.py (which KV block holds which
-tokens) -> scheduler.py (who computes what this step) -> runner.py (model calls, sampling)
--> engine.py (the loop and its metrics). See DESIGN.md section 5.
+tokens) -> scheduler.py (who computes what this step) -> runner.py (model calls) ->
+sampler.py (each request's next token, logprobs, errors) -> engine.py (the loop and its
+metrics). See DESIGN.md section 5.
 """
 from .request import Request, RequestOutput, RequestStatus, SamplingParams
 from .block_manager import Block, BlockManager, chain_hash
 from .scheduler import ScheduledChunk, Scheduler, StepPlan
+from .sampler import SampledToken, sample_requests, sample_token
 from .runner import ContiguousKVStorage, ModelRunner, PagedKVStorage
 from .engine import LLMEngine, StepRecord
 from .workload import (DECODE, PREFILL, WAIT, RequestTimeline, corpus_lines, mixed_workload,
@@ -14,6 +16,7 @@ from .workload import (DECODE, PREFILL, WAIT, RequestTimeline, corpus_lines, mix
 
 __all__ = ["Request", "RequestOutput", "RequestStatus", "SamplingParams", "Block",
            "BlockManager", "chain_hash", "ScheduledChunk", "Scheduler", "StepPlan",
+           "SampledToken", "sample_token", "sample_requests",
            "ContiguousKVStorage", "PagedKVStorage", "ModelRunner", "LLMEngine", "StepRecord",
            "WAIT", "PREFILL", "DECODE", "RequestTimeline", "request_timeline",
            "run_with_arrivals", "corpus_lines", "mixed_workload"]

@@ -8,13 +8,18 @@ loop -> sampling -> response), as in nano-vllm's ``LLMEngine``::
 
 Each :meth:`LLMEngine.step` asks the :class:`~.scheduler.Scheduler` for a plan, lets the
 :class:`~.runner.ModelRunner` compute it and sample, and hands the sampled tokens back to
-the scheduler. A request that can never run (empty prompt, bad ids or sampling parameters,
-longer than the model or the block pool) is rejected on its own: its result has
-``finish_reason="rejected"`` and the reason, and the others run normally.
+the scheduler. Bad arguments (a wrong type, an id outside the vocabulary, a bad sampling
+value) raise ``TypeError`` / ``ValueError`` naming the argument when the request is added,
+and nothing is queued. A well-formed request that can never run (longer than the model or
+the block pool) is rejected on its own: its result has ``finish_reason="rejected"`` and the
+reason, and the others run normally. A request whose step raises finishes with
+``finish_reason="error"``; :meth:`LLMEngine.abort` stops one at once.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import statistics
 import time
 from dataclasses import dataclass
@@ -22,8 +27,9 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from .block_manager import BlockManager
-from .request import Request, RequestOutput, SamplingParams
+from .request import Request, RequestOutput, RequestStatus, SamplingParams
 from .runner import ContiguousKVStorage, ModelRunner, PagedKVStorage
+from .sampler import SampledToken
 from .scheduler import Scheduler
 
 __all__ = ["LLMEngine", "StepRecord"]
@@ -93,75 +99,200 @@ class LLMEngine:
         self.outputs: dict[object, RequestOutput] = {}
         self._new_outputs: list[RequestOutput] = []
         self._next_id = 0
+        self._ids: set = set()             # every request id added so far
+        self._children: dict = {}          # request id of an n > 1 request -> sample ids
 
     # ------------------------------------------------------------------ requests
-    def _rejection(self, prompt, params) -> str | None:
-        """Why a request can never run, or None."""
-        c, bs = self.model.config, self.block_manager.block_size
-        if not prompt:
-            return "empty prompt: prompt_token_ids must hold at least one token id"
-        if any(isinstance(t, bool) or not isinstance(t, int) for t in prompt):
-            return "prompt_token_ids must be a list of ints"
-        if not all(0 <= t < c.vocab_size for t in prompt):
-            return f"prompt_token_ids must be in [0, vocab_size={c.vocab_size})"
+    def _check_prompt(self, prompt_token_ids) -> list[int]:
+        """The prompt as a list of plain ints in ``[0, vocab_size)``.
+
+        Raises:
+            TypeError: not a list / tuple of ints or a 1-D integer tensor / array (None, a
+                string, floats, bools, nested lists).
+            ValueError: empty, not 1-D, or an id outside the vocabulary.
+        """
+        name, V = "prompt_token_ids", self.model.config.vocab_size
+        if hasattr(prompt_token_ids, "tolist") and hasattr(prompt_token_ids, "dtype"):
+            if getattr(prompt_token_ids, "ndim", 1) != 1:
+                raise ValueError(f"{name} must be 1-D, got shape "
+                                 f"{tuple(prompt_token_ids.shape)}")
+            prompt_token_ids = prompt_token_ids.tolist()       # tensor / ndarray -> ints
+        if not isinstance(prompt_token_ids, (list, tuple)):
+            raise TypeError(f"{name} must be a list of ints (or a 1-D integer tensor), got "
+                            f"{type(prompt_token_ids).__name__}")
+        for t in prompt_token_ids:
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise TypeError(f"{name} must hold ints, got {type(t).__name__} {t!r}")
+        if not prompt_token_ids:
+            raise ValueError(f"{name} must hold at least one token id (empty prompt)")
+        bad = [t for t in prompt_token_ids if not 0 <= t < V]
+        if bad:
+            raise ValueError(f"{name} must be in [0, vocab_size={V}), got {int(bad[0])}")
+        return [int(t) for t in prompt_token_ids]
+
+    def _check_params(self, params) -> SamplingParams:
+        """A checked, plain-valued copy of ``params`` with the EOS ids filled in from the
+        model config (an int or a list there) when the request leaves them unset."""
+        if params is None:
+            params = SamplingParams()
+        elif isinstance(params, dict):
+            try:
+                params = SamplingParams(**params)
+            except TypeError as e:
+                raise TypeError(f"params: {e}") from None
+        elif not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, a dict of its fields or None, "
+                            f"got {type(params).__name__} {params!r}")
+        c = self.model.config
+        if params.eos_token_id is None:
+            params = dataclasses.replace(params, eos_token_id=c.eos_token_id)
+        return params.normalized(c.vocab_size)
+
+    def _check_request(self, prompt_token_ids, params, request_id, arrival_time,
+                       taken: set) -> list[Request]:
+        """Check and copy one request's arguments into :class:`Request` objects (not
+        queued): one, or the ``n`` samples ``(request_id, i)`` of an ``n > 1`` request."""
+        prompt = self._check_prompt(prompt_token_ids)
+        params = self._check_params(params)
+
+        def ids(rid) -> list:                        # the request's id and its samples'
+            return [rid] + [(rid, i) for i in range(params.n if params.n > 1 else 0)]
+
+        def in_use(rid) -> list:
+            return [i for i in ids(rid) if i in self._ids or i in taken]
+
+        if request_id is None:
+            request_id = self._next_id
+            while in_use(request_id):
+                request_id += 1                      # never an id the caller chose
         try:
-            params.validate()
-        except (TypeError, ValueError) as e:
-            return f"bad sampling parameters: {e}"
-        total = len(prompt) + params.max_new_tokens
+            hash(request_id)
+        except TypeError:
+            raise TypeError(f"request_id must be hashable, got {type(request_id).__name__}"
+                            ) from None
+        used = in_use(request_id)
+        if used:
+            raise ValueError(f"request_id {used[0]!r} is already in use")
+        if arrival_time is not None:
+            if isinstance(arrival_time, bool) or not isinstance(arrival_time, numbers.Real):
+                raise TypeError(f"arrival_time must be a number of seconds "
+                                f"(time.perf_counter()) or None, got {arrival_time!r}")
+            if not math.isfinite(arrival_time) or arrival_time < 0:
+                raise ValueError(f"arrival_time must be finite and >= 0, got {arrival_time!r}")
+            arrival_time = float(arrival_time)
+        if params.n == 1:
+            return [Request(request_id, prompt, params, arrival_time)]
+        if arrival_time is None:
+            arrival_time = time.perf_counter()
+        samples = [Request((request_id, i), prompt, dataclasses.replace(
+            params, n=1, seed=None if params.seed is None else (params.seed + i) % 2**64),
+            arrival_time) for i in range(params.n)]
+        for r in samples:
+            r.parent_id, r.prompt_source = request_id, samples[0] if r.request_id[1] else None
+        return samples
+
+    @staticmethod
+    def _ids_of(reqs: list[Request]) -> list:
+        """The ids a checked request takes: its own, or its parent's and its samples'."""
+        return [r.request_id for r in reqs] + [reqs[0].parent_id] * (
+            reqs[0].parent_id is not None)
+
+    def _rejection(self, req: Request) -> str | None:
+        """Why a well-formed request can never run on this engine, or None."""
+        c, bs = self.model.config, self.block_manager.block_size
+        n, new = len(req.prompt_token_ids), req.params.max_new_tokens
+        total = n + new
         if total > c.max_position_embeddings:
-            return (f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens}) = "
-                    f"{total} exceeds max_position_embeddings={c.max_position_embeddings}")
+            return (f"prompt ({n}) + max_new_tokens ({new}) = {total} exceeds "
+                    f"max_position_embeddings={c.max_position_embeddings}")
         if -(-total // bs) > self.block_manager.num_blocks:
             return (f"prompt + max_new_tokens = {total} tokens need {-(-total // bs)} blocks "
                     f"of {bs}; the pool has only num_blocks={self.block_manager.num_blocks}")
         return None
 
-    def add_request(self, prompt_token_ids, params: SamplingParams | dict | None = None,
-                    request_id=None, arrival_time: float | None = None):
-        """Queue one request; returns its id.
-
-        Args:
-            prompt_token_ids: list of ints (or a 1-D integer tensor).
-            params: :class:`SamplingParams`, a dict of its fields, or None (defaults).
-            request_id: any hashable; default the next integer.
-            arrival_time: ``time.perf_counter()`` seconds; default now.
-
-        Raises:
-            ValueError: ``request_id`` already used. (A bad prompt or bad parameters do not
-                raise: the request is rejected and its result says why.)
-        """
-        if request_id is None:
-            request_id, self._next_id = self._next_id, self._next_id + 1
-        if request_id in self.outputs or any(
-                r.request_id == request_id for r in self.scheduler.running + list(
-                    self.scheduler.waiting)):
-            raise ValueError(f"request_id {request_id!r} is already in use")
-        if hasattr(prompt_token_ids, "tolist"):
-            prompt_token_ids = prompt_token_ids.tolist()
-        prompt = list(prompt_token_ids)
-        try:
-            params = SamplingParams(**params) if isinstance(params, dict) else \
-                (params or SamplingParams())
-            if params.eos_token_id is None:
-                params = dataclasses.replace(params, eos_token_id=self.model.config.eos_token_id)
-        except TypeError as e:
-            params, reason = SamplingParams(), f"bad sampling parameters: {e}"
-        else:
-            reason = self._rejection(prompt, params)
-        req = Request(request_id, prompt, params, arrival_time)
+    def _queue(self, req: Request) -> None:
+        """Queue a checked request, or finish it as rejected when it can never run."""
+        self._ids.add(req.request_id)
+        if req.parent_id is not None:
+            self._ids.add(req.parent_id)
+            self._children.setdefault(req.parent_id, []).append(req.request_id)
+        while self._next_id in self._ids:
+            self._next_id += 1
+        reason = self._rejection(req)
         if reason is not None:
             req.finish_reason, req.finish_time = "rejected", time.perf_counter()
+            req.status = RequestStatus.FINISHED
             self._finish(req, reason)
         else:
-            req.generator = params.make_generator()
+            req.generator = req.params.make_generator()
             self.scheduler.add(req)
-        return request_id
+
+    def add_request(self, prompt_token_ids, params: SamplingParams | dict | None = None,
+                    request_id=None, arrival_time: float | None = None):
+        """Check, copy and queue one request; returns its id.
+
+        Everything is checked and turned into plain Python values here, before anything is
+        queued; the request keeps its own copy of ``params`` (later changes to the caller's
+        object do not reach it).
+
+        Args:
+            prompt_token_ids: list of ints (numpy integers accepted) or a 1-D integer tensor
+                / array, ids in ``[0, vocab_size)``.
+            params: :class:`SamplingParams`, a dict of its fields, or None (defaults).
+                ``eos_token_id=None`` takes the model config's (an int or a list).
+            request_id: any hashable not used before in this engine; default the smallest
+                integer not yet used (never one the caller chose). With ``params.n > 1`` the
+                samples get the ids ``(request_id, i)`` (their results are in
+                :attr:`outputs` under them; :meth:`abort` of ``request_id`` aborts all).
+            arrival_time: ``time.perf_counter()`` seconds (a finite number >= 0); default now.
+
+        Raises:
+            TypeError: an argument (or a field of ``params``) of the wrong type, an unknown
+                field name, an unhashable ``request_id``.
+            ValueError: a value out of range (empty prompt, id outside the vocabulary, bad
+                sampling value, ``seed`` outside ``[0, 2**64 - 1]``, NaN / negative
+                ``arrival_time``), or ``request_id`` already used. The messages name the
+                argument. (A request that is fine but too long for the model or the block
+                pool does not raise: it finishes as ``"rejected"``, its result says why.)
+        """
+        reqs = self._check_request(prompt_token_ids, params, request_id, arrival_time, set())
+        for req in reqs:
+            self._queue(req)
+        return reqs[0].request_id if reqs[0].parent_id is None else reqs[0].parent_id
+
+    def abort(self, request_id) -> bool:
+        """Stop a waiting or running request now (vLLM's ``abort_request``): its blocks go
+        back to the free list at once, its result (``finish_reason="abort"``, the tokens so
+        far) is in :attr:`outputs` and returned by the next :meth:`step`.
+
+        Returns:
+            True if it (or, for an ``n > 1`` request, one of its samples) was aborted; False
+            if the id is unknown or already finished.
+        """
+        if request_id in self._children:
+            return any([self.abort(c) for c in self._children[request_id]])
+        req = next((r for r in list(self.scheduler.waiting) + self.scheduler.running
+                    if r.request_id == request_id), None)
+        if req is None:
+            return False
+        self.scheduler.finish(req, "abort")
+        self.runner.free(request_id)
+        self._finish(req)
+        return True
 
     def _finish(self, req: Request, reason: str | None = None) -> None:
         out = RequestOutput.from_request(req, reason)
         self.outputs[req.request_id] = out
         self._new_outputs.append(out)
+
+    def _fail(self, req: Request, message: str) -> None:
+        """Finish ``req`` with ``finish_reason="error"``; blocks and storage freed."""
+        self.scheduler.finish(req, "error")
+        try:
+            self.runner.free(req.request_id)
+        except Exception:                            # noqa: BLE001 (storage of a failed step)
+            pass
+        self._finish(req, message)
 
     def has_unfinished(self) -> bool:
         """True while a request waits or runs."""
@@ -171,8 +302,14 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule, compute and sample one step.
 
+        An exception while sampling one request finishes that request with
+        ``finish_reason="error"`` (its result's ``reason`` says what); the others go on. An
+        exception in the model forward cannot be pinned on one request: every request of
+        that step finishes with ``"error"``. Either way the blocks come back and the engine
+        can step on.
+
         Returns:
-            the results that became available (finished or rejected requests).
+            the results that became available (finished, aborted or rejected requests).
         """
         if self.scheduler.has_unfinished():
             t0 = time.perf_counter()
@@ -180,25 +317,62 @@ class LLMEngine:
             prefill = [(c.request.request_id, c.num_tokens) for c in plan.chunks
                        if not c.is_decode]
             decode = [c.request.request_id for c in plan.chunks if c.is_decode]
-            sampled = self.runner.execute(plan)
-            for req in self.scheduler.update(plan, sampled):
+            num_tokens = plan.num_tokens
+            try:
+                sampled = self.runner.execute(plan)
+            except Exception as e:                   # noqa: BLE001 (the whole step failed)
+                msg = f"the step's forward failed: {type(e).__name__}: {e}"
+                sampled = {c.request.request_id: SampledToken(None, error=msg)
+                           for c in plan.chunks}
+            failed = {rid for rid, s in sampled.items() if s.error is not None}
+            for c in [c for c in plan.chunks if c.request.request_id in failed]:
+                self._fail(c.request, sampled[c.request.request_id].error)
+            plan.chunks = [c for c in plan.chunks if c.request.request_id not in failed]
+            tokens = {}
+            for c in plan.chunks:
+                s = sampled.get(c.request.request_id)
+                if c.samples:
+                    tokens[c.request.request_id] = s.token
+                    if s.logprobs is not None:
+                        c.request.output_logprobs.append(s.logprobs)
+            for req in self.scheduler.update(plan, tokens):
                 self.runner.free(req.request_id)
                 self._finish(req)
             self.steps.append(StepRecord(
                 len(self.steps), prefill, decode, [r.request_id for r in plan.preempted],
-                plan.num_tokens, time.perf_counter() - t0, self.block_manager.num_free_blocks))
+                num_tokens, time.perf_counter() - t0, self.block_manager.num_free_blocks))
         new, self._new_outputs = self._new_outputs, []
         return new
 
     def run(self, prompts: list, params=None, use_tqdm: bool = True) -> list[RequestOutput]:
         """Add ``prompts`` (lists of ids), step until all are done, return their results in
-        order. ``params``: one :class:`SamplingParams` / dict for all, or a list of them."""
-        if not isinstance(params, list):
+        order (a prompt with ``n > 1`` samples gives its ``n`` results in its place).
+        ``params``: one :class:`SamplingParams` / dict / None for all, or a list of them.
+
+        Every request is checked before any is queued: if one is bad, nothing is queued.
+
+        Raises:
+            TypeError, ValueError: as :meth:`add_request`, with the request's index.
+        """
+        if not isinstance(prompts, (list, tuple)):
+            raise TypeError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
+        if isinstance(params, (list, tuple)):
+            if len(params) != len(prompts):
+                raise ValueError(f"params must be one value or a list of len(prompts)="
+                                 f"{len(prompts)}, got {len(params)}")
+        else:
             params = [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"params must be one value or a list of len(prompts)="
-                             f"{len(prompts)}, got {len(params)}")
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        reqs, taken = [], set()
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            try:
+                new = self._check_request(p, sp, None, None, taken)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"request {i}: {e}") from None
+            taken.update(self._ids_of(new))
+            reqs += new
+        for req in reqs:
+            self._queue(req)
+        ids = [r.request_id for r in reqs]
         with tqdm(total=len(ids), desc="requests", disable=not use_tqdm) as bar:
             bar.update(len(self.step()))
             while self.has_unfinished():
@@ -215,7 +389,8 @@ class LLMEngine:
             ``throughput_tok_s`` (generated tokens / elapsed), ``mean_ttft_s``,
             ``mean_tpot_s``, ``mean_e2e_s`` (over finished requests), ``num_preemptions``,
             ``prefix_cache_hit_rate`` (hit / looked-up full blocks),
-            ``num_recomputed_tokens`` (prefix hits the storage recomputed: 0 when paged).
+            ``num_recomputed_tokens`` (prefix hits the storage recomputed: 0 when paged),
+            ``num_aborted``, ``num_errors`` (requests finished as ``"abort"`` / ``"error"``).
         """
         done = [o for o in self.outputs.values() if o.finish_reason != "rejected"]
         elapsed = sum(s.seconds for s in self.steps)
@@ -236,4 +411,6 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_hit_rate=(bm.num_hit_blocks / bm.num_queried_blocks
                                    if bm.num_queried_blocks else 0.0),
-            num_recomputed_tokens=getattr(self.runner.storage, "num_recomputed_tokens", 0))
+            num_recomputed_tokens=getattr(self.runner.storage, "num_recomputed_tokens", 0),
+            num_aborted=sum(o.finish_reason == "abort" for o in done),
+            num_errors=sum(o.finish_reason == "error" for o in done))

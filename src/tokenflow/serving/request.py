@@ -13,14 +13,42 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 import time
 from dataclasses import dataclass
 
 import torch
 
-from tokenflow.inference.sampling import check_sampling_args
+from tokenflow.inference.sampling import check_sampling_args, check_token_ids
 
 __all__ = ["SamplingParams", "RequestStatus", "Request", "RequestOutput"]
+
+
+def _int(name: str, v, lo: int, hi: int | None = None, none: bool = False) -> int | None:
+    """``v`` as a plain int in ``[lo, hi]`` (numpy integers accepted; bools, floats,
+    Fractions and strings rejected)."""
+    if v is None and none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        allowed = " or None" if none else ""
+        raise TypeError(f"{name} must be an int{allowed}, got {type(v).__name__} {v!r}")
+    if v < lo or (hi is not None and v > hi):
+        top = "" if hi is None else f", <= {hi}"
+        raise ValueError(f"{name} must be an int >= {lo}{top}, got {v!r}")
+    return int(v)
+
+
+def _bool(name: str, v) -> bool:
+    """``v`` as a plain bool (``numpy.bool_`` accepted; ints and strings rejected)."""
+    if isinstance(v, bool) or (type(v).__module__ == "numpy" and
+                               type(v).__name__ in ("bool", "bool_")):
+        return bool(v)
+    raise TypeError(f"{name} must be a bool, got {type(v).__name__} {v!r}")
+
+
+SEED_MAX = 2**64 - 1
+"""Largest ``seed``: ``torch.Generator.manual_seed`` takes ``[0, 2**64 - 1]`` (and wraps
+negative seeds onto that range, so they are refused here)."""
 
 
 @dataclass
@@ -31,10 +59,27 @@ class SamplingParams:
         max_new_tokens: tokens to generate at most (int >= 1).
         temperature, top_k, top_p, min_p: as :func:`tokenflow.inference.sampling.filter_logits`;
             ``temperature=0`` is greedy.
-        seed: seeds this request's own ``torch.Generator`` (None: a random seed), so the
-            draws do not depend on other requests in the batch.
-        ignore_eos: keep generating after the end-of-sequence token (vLLM ``ignore_eos``).
-        eos_token_id: end-of-sequence id; None: the model config's.
+        seed: seeds this request's own ``torch.Generator`` (int in ``[0, 2**64 - 1]``; None:
+            a random seed), so the draws do not depend on other requests in the batch.
+        ignore_eos: keep generating after the end-of-sequence token (vLLM ``ignore_eos``;
+            ``stop_token_ids`` still stop).
+        eos_token_id: end-of-sequence id or list of ids (stop at any); None: the model
+            config's (which may be a list too).
+        stop_token_ids: more ids to stop at (vLLM ``stop_token_ids``): finish reason
+            ``"stop"``; the stop id is the last output token, as an EOS is.
+        logprobs: None, or how many most likely tokens to report with each output token
+            (int >= 0; 0 = the chosen token only), vLLM's ``logprobs``. The values are
+            ``log_softmax`` of the model's raw logits at that position, **before**
+            temperature, top-k, top-p and min-p (vLLM's default ``"raw_logprobs"``).
+        n: how many samples of this prompt (int >= 1). The engine fans them out into ``n``
+            child requests ``(request_id, 0) .. (request_id, n - 1)`` (as vLLM v1's
+            ``ParentRequest`` does), child ``i`` seeded with ``seed + i``; children 1.. wait
+            until child 0 has computed the prompt, then share its full prompt blocks
+            through the prefix cache (reference counts), so the prompt is stored once.
+
+    Construction checks the fields (:meth:`normalized`); the engine checks and copies them
+    again when a request is added, so a later change to this object reaches no request
+    already added.
     """
 
     max_new_tokens: int = 16
@@ -44,19 +89,63 @@ class SamplingParams:
     min_p: float | None = None
     seed: int | None = None
     ignore_eos: bool = False
-    eos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    stop_token_ids: list[int] | None = None
+    logprobs: int | None = None
+    n: int = 1
+
+    def __post_init__(self):
+        self.normalized()
+
+    def normalized(self, vocab_size: int | None = None) -> "SamplingParams":
+        """A checked copy with plain Python values: ints, floats (``Fraction(1, 2)``,
+        ``numpy.float32(0.5)`` -> ``0.5``), bools, and tuples for ``eos_token_id`` (when
+        set) and ``stop_token_ids``.
+
+        Args:
+            vocab_size: when given, token ids (``eos_token_id``, ``stop_token_ids``) must be
+                in ``[0, vocab_size)`` and ``logprobs <= vocab_size``.
+
+        Raises:
+            TypeError: a field of the wrong type (a string, None where a number is needed, a
+                bool for a number, a non-integer for an int field); the message names it.
+            ValueError: a field out of range: NaN or infinite numbers, ``max_new_tokens < 1``,
+                ``seed`` outside ``[0, 2**64 - 1]``, ids outside the vocabulary.
+        """
+        check_sampling_args(self.temperature, self.top_k, self.top_p, self.min_p)
+        ids = {}
+        for name in ("eos_token_id", "stop_token_ids"):
+            v = getattr(self, name)
+            if v is None:
+                ids[name] = None if name == "eos_token_id" else ()
+            elif vocab_size is not None:
+                ids[name] = check_token_ids(v, vocab_size, name)
+            else:                                    # the types now, the range when added
+                ids[name] = check_token_ids(v, 2**63, name)
+        if isinstance(self.stop_token_ids, int) and not isinstance(self.stop_token_ids, bool):
+            raise TypeError(f"stop_token_ids must be a list of ints, got {self.stop_token_ids!r}")
+        V = vocab_size
+        return SamplingParams.__new__(SamplingParams)._fill(
+            max_new_tokens=_int("max_new_tokens", self.max_new_tokens, 1),
+            temperature=float(self.temperature),
+            top_k=None if self.top_k is None else int(self.top_k),
+            top_p=None if self.top_p is None else float(self.top_p),
+            min_p=None if self.min_p is None else float(self.min_p),
+            seed=_int("seed", self.seed, 0, SEED_MAX, none=True),
+            ignore_eos=_bool("ignore_eos", self.ignore_eos),
+            eos_token_id=ids["eos_token_id"], stop_token_ids=ids["stop_token_ids"],
+            logprobs=_int("logprobs", self.logprobs, 0, V, none=True),
+            n=_int("n", self.n, 1))
+
+    def _fill(self, **fields) -> "SamplingParams":
+        for k, v in fields.items():
+            setattr(self, k, v)
+        return self
 
     def validate(self) -> None:
-        """Raise ``ValueError``/``TypeError`` naming the first bad field (called by the
-        engine for every request; a failure rejects that request only)."""
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
-                or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
-        check_sampling_args(self.temperature, self.top_k, self.top_p, self.min_p)
-        for name in ("seed", "eos_token_id"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise ValueError(f"{name} must be an int >= 0 or None, got {v!r}")
+        """Raise ``ValueError``/``TypeError`` naming the first bad field (see
+        :meth:`normalized`)."""
+        self.normalized()
 
     def make_generator(self) -> torch.Generator:
         """A CPU ``torch.Generator`` seeded with ``seed`` (or a random seed when None)."""
@@ -70,7 +159,7 @@ class SamplingParams:
 
 class RequestStatus(enum.Enum):
     """Where a request is: ``WAITING`` (queued or preempted), ``RUNNING`` (has blocks),
-    ``FINISHED`` (done: eos / length / rejected)."""
+    ``FINISHED`` (done: eos / stop / length / abort / error / rejected)."""
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -88,7 +177,12 @@ class Request:
     Attributes:
         status, output_token_ids, num_computed_tokens, num_cached_tokens, block_table,
         generator (per-request ``torch.Generator``), num_preemptions, finish_reason,
-        first_token_time, finish_time (perf_counter seconds or None).
+        first_token_time, finish_time (perf_counter seconds or None), output_logprobs
+        (one ``{token_id: logprob}`` per output token when ``params.logprobs`` is set).
+        eos_ids, stop_ids: tuples of the ids that finish it as ``"eos"`` / ``"stop"``.
+        prompt_source: for sample 1.. of an ``n > 1`` request, sample 0 (whose computed
+            prompt blocks it waits for and shares), else None.
+        parent_id: for the samples of an ``n > 1`` request, that request's id, else None.
     """
 
     def __init__(self, request_id, prompt_token_ids: list[int], params: SamplingParams,
@@ -107,6 +201,13 @@ class Request:
         self.finish_reason: str | None = None
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
+        self.output_logprobs: list[dict[int, float]] = []
+        eos = params.eos_token_id
+        self.eos_ids: tuple = () if eos is None else tuple(eos) if isinstance(
+            eos, (list, tuple)) else (eos,)
+        self.stop_ids: tuple = tuple(params.stop_token_ids or ())
+        self.prompt_source: Request | None = None
+        self.parent_id = None
 
     @property
     def token_ids(self) -> list[int]:
@@ -138,13 +239,19 @@ class RequestOutput:
 
     Fields:
         request_id, prompt_token_ids, output_token_ids (the generated ids; ends with the
-            end-of-sequence id when ``finish_reason == "eos"``, as :func:`tokenflow.inference.generate`).
-        finish_reason: ``"eos"``, ``"length"`` (``max_new_tokens`` reached) or
-            ``"rejected"`` (never run; ``reason`` says why).
-        reason: the rejection message, else None.
+            end-of-sequence id when ``finish_reason == "eos"``, as
+            :func:`tokenflow.inference.generate`).
+        finish_reason: ``"eos"``, ``"stop"`` (a ``stop_token_ids`` id), ``"length"``
+            (``max_new_tokens`` reached), ``"abort"`` (:meth:`LLMEngine.abort`), ``"error"``
+            (computing its step raised; ``reason`` says what) or ``"rejected"`` (never run:
+            too long for the model or the block pool; ``reason`` says why).
+        reason: the rejection or error message, else None.
         arrival_time, first_token_time, finish_time: ``time.perf_counter()`` seconds.
         num_cached_tokens: prompt tokens the prefix cache supplied (at the last admission).
         num_preemptions: how often the request lost its blocks and was recomputed.
+        logprobs: None, or one dict per output token: ``{token_id: logprob}`` for the
+            ``params.logprobs`` most likely tokens and the chosen one, most likely first
+            (raw model log-probabilities, see :class:`SamplingParams`).
     """
 
     request_id: object
@@ -157,6 +264,7 @@ class RequestOutput:
     finish_time: float | None = None
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    logprobs: list | None = None
 
     @property
     def ttft(self) -> float | None:
@@ -185,4 +293,6 @@ class RequestOutput:
         """Snapshot of a finished :class:`Request`."""
         return cls(req.request_id, list(req.prompt_token_ids), list(req.output_token_ids),
                    req.finish_reason, reason, req.arrival_time, req.first_token_time,
-                   req.finish_time, req.num_cached_tokens, req.num_preemptions)
+                   req.finish_time, req.num_cached_tokens, req.num_preemptions,
+                   None if req.params.logprobs is None else
+                   [dict(d) for d in req.output_logprobs])

@@ -18,8 +18,8 @@ Three pieces:
   requests, so prefix-cache hits are **recomputed** with the request's first chunk (counted
   in ``num_recomputed_tokens``).
 * :class:`ModelRunner`: asks the storage for logits, then samples each request's token with
-  its own parameters and its own seeded generator (:func:`tokenflow.inference.sampling.sample`, the
-  call :func:`tokenflow.inference.generate` makes), so a request's tokens do not depend on its batch.
+  its own parameters and its own seeded generator (:func:`.sampler.sample_requests`), so a
+  request's tokens do not depend on its batch.
 
 Both storages have the same methods: ``allocate``, ``free``, ``forward(chunks)``,
 ``num_computed``, ``in`` and ``len``.
@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from tokenflow.inference.generate import decode_step
 from tokenflow.model.kv_cache import KVCache
 from .paged_kv_cache import PagedKVCache
-from tokenflow.inference.sampling import sample
 from .request import Request
+from .sampler import sample_requests
 from .scheduler import ScheduledChunk, StepPlan
 
 __all__ = ["PagedKVStorage", "ContiguousKVStorage", "ModelRunner"]
@@ -259,7 +259,8 @@ class ModelRunner:
         """Free the preempted requests' storage, compute the plan, sample.
 
         Returns:
-            ``{request_id: next token id (int)}`` for each chunk that samples.
+            ``{request_id: SampledToken}`` for each chunk that samples
+            (:func:`~.sampler.sample_requests`: token, logprobs, or the error of that row).
         """
         for req in plan.preempted:
             self.storage.free(req.request_id)
@@ -267,19 +268,7 @@ class ModelRunner:
             if c.request.request_id not in self.storage:
                 self.storage.allocate(c.request.request_id, self._capacity(c.request))
         logits = self.storage.forward(plan.chunks)
-        reqs = [c.request for c in plan.chunks if c.samples]
-        greedy = [r for r in reqs if r.params.temperature == 0]
-        sampled = {}
-        if greedy:                      # one argmax for all greedy rows, as generate does
-            rows = torch.stack([logits[r.request_id] for r in greedy])      # [G, V]
-            sampled.update(zip((r.request_id for r in greedy), rows.argmax(-1).tolist()))
-        for r in reqs:
-            p = r.params
-            if p.temperature != 0:
-                tok = sample(logits[r.request_id][None], p.temperature, p.top_k, p.top_p,
-                             p.min_p, r.generator)                      # [1]
-                sampled[r.request_id] = int(tok[0])
-        return sampled
+        return sample_requests([c.request for c in plan.chunks if c.samples], logits)
 
     def free(self, request_id) -> None:
         """Release a finished request's storage."""

@@ -13,7 +13,8 @@ nano-vllm's check/act pairs):
 2. **Then waiting requests**, in arrival order, while the budget lasts, fewer than
    ``max_num_seqs`` run and the pool can hold all their tokens (``can_allocate`` /
    ``allocate``; prefix-cache hits count as already computed). None is admitted in a step
-   that preempted.
+   that preempted. Samples 1.. of an ``n > 1`` request wait until sample 0 has computed
+   the prompt: then its full blocks are in the prefix cache, and they share them.
 
 With ``static_batching=True`` step 2 happens only in a step that starts with nothing running:
 a batch is formed, runs until its last request has finished, and only then is the next batch
@@ -140,6 +141,10 @@ class Scheduler:
         """Move waiting requests to running while budget, seats and blocks allow."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
+            src = req.prompt_source                    # sample i > 0 of an n > 1 request
+            if src is not None and src.status is not RequestStatus.FINISHED and \
+                    src.num_computed_tokens < len(src.prompt_token_ids):
+                break                                  # its prompt blocks are not cached yet
             if not self.block_manager.can_allocate(req):
                 break
             self.waiting.popleft()
@@ -167,7 +172,7 @@ class Scheduler:
     def update(self, plan: StepPlan, sampled: dict) -> list[Request]:
         """Apply a computed step: advance ``num_computed_tokens``, register full blocks in
         the prefix cache, append ``sampled[request_id]`` for chunks that sample, and finish
-        requests (``finish_reason`` ``"eos"`` or ``"length"``; blocks freed).
+        requests (``finish_reason`` ``"eos"``, ``"stop"`` or ``"length"``; blocks freed).
 
         Returns:
             the requests that finished in this step.
@@ -193,11 +198,32 @@ class Scheduler:
                 finished.append(req)
         return finished
 
+    def finish(self, req: Request, reason: str) -> None:
+        """Finish ``req`` now, wherever it is (waiting or running): ``finish_reason =
+        reason`` (``"abort"``, ``"error"``), blocks freed at once.
+
+        Raises:
+            ValueError: ``req`` is neither waiting nor running.
+        """
+        if req in self.running:
+            self.running.remove(req)
+            self.block_manager.free(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        else:
+            raise ValueError(f"request {req.request_id!r} is neither waiting nor running")
+        req.finish_reason, req.finish_time = reason, time.perf_counter()
+        req.status = RequestStatus.FINISHED
+
     @staticmethod
     def _finish_reason(req: Request, token: int) -> str | None:
-        p = req.params
-        if not p.ignore_eos and token == p.eos_token_id:
+        """``"eos"`` (an end-of-sequence id, unless ``ignore_eos``), ``"stop"`` (a
+        ``stop_token_ids`` id), ``"length"`` (``max_new_tokens`` reached) or None. A stop
+        id that is also the last allowed token still counts as a stop."""
+        if not req.params.ignore_eos and token in req.eos_ids:
             return "eos"
-        if len(req.output_token_ids) >= p.max_new_tokens:
+        if token in req.stop_ids:
+            return "stop"
+        if len(req.output_token_ids) >= req.params.max_new_tokens:
             return "length"
         return None
