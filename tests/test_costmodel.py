@@ -330,7 +330,7 @@ def test_dense_reads_all_weights_moe_only_the_experts_its_tokens_touch():
     """Item 1: a dense pass reads every weight (but the embedding table) whatever the tokens;
     the tiny MoE's decode step reads 2 of 8 experts per layer, its 5-token prefill more, and a
     huge batch all of them."""
-    from tokenflow.costmodel import forward_weight_bytes, param_breakdown
+    from tokenflow.analysis.costmodel import forward_weight_bytes, param_breakdown
     dense, moe = preset("tiny-dense"), preset("tiny")
     for T in (1, 5, 1000):
         w = forward_weight_bytes(dense, T, 4)
@@ -362,7 +362,7 @@ def test_node_arguments_are_honoured_and_the_a2a_table_reconciles():
     """Item 10: with gpus_per_node, ``total`` is what crosses the two links (the old code
     returned the flat 166.7 kB at EP32 whatever the node arguments); the table's rows are
     the function's numbers; on one node the hierarchical and the flat counts agree."""
-    from tokenflow.costmodel import A2A_TABLE_COLUMNS, moe_a2a_table
+    from tokenflow.analysis.costmodel import A2A_TABLE_COLUMNS, moe_a2a_table
     v3 = reference_config("DeepSeek-V3")
     K, H = v3.num_experts_per_tok, v3.hidden_size
     m = moe_comm_bytes_per_token(v3, 32, 1, 2, gpus_per_node=8, max_nodes_per_token=4)

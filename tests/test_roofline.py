@@ -135,7 +135,7 @@ def test_ridge_point_of_h100_from_its_datasheet():
 
 
 # ---- C1: the DeepSeek roofline models what its sources say (issue 26)
-from tokenflow.costmodel import moe_comm_bytes_per_token, num_moe_layers  # noqa: E402
+from tokenflow.analysis.costmodel import moe_comm_bytes_per_token, num_moe_layers  # noqa: E402
 
 
 def test_links_overlap_and_combine_is_bf16():
@@ -155,7 +155,7 @@ def test_published_totals_imply_the_reported_nodes():
     """Item 6: 608B input tokens at 73.7k/s per node and 168B output tokens at 14.8k/s per
     node over 24 hours are 95.5 + 131.4 = 226.9 nodes, against the reported 226.75: the rates
     are per node and per phase."""
-    from tokenflow.roofline import DEEPSEEK_V3_SERVICE, implied_nodes
+    from tokenflow.analysis.roofline import DEEPSEEK_V3_SERVICE, implied_nodes
     n = implied_nodes()
     assert round(n["prefill"], 1) == 95.5 and round(n["decode"], 1) == 131.4
     assert round(n["total"], 1) == 226.9 and n["reported"] == 226.75
