@@ -667,7 +667,8 @@ def forward_bytes(config: ModelConfig, new_tokens: int, cached_tokens: int = 0,
     layers count at most ``sliding_window`` slots. The one bytes formula of the book:
     :func:`tokenflow.analysis.roofline.roofline`'s ``memory_bytes`` is this function.
 
-    Weights (``bytes_per_element`` each): all parameters but the input embedding table (one
+    Weights (``bytes_per_element`` each): :func:`forward_weight_bytes` of the pass's
+    ``batch_size * new_tokens`` tokens: all parameters but the input embedding table (one
     row per token is read, ``H`` elements per token); in MoE layers only the routed experts
     the tokens are expected to touch (:func:`expected_experts_touched`). Activations are left
     out (they stay in caches and registers in a fused kernel), so this is a lower bound.
