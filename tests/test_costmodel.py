@@ -377,8 +377,8 @@ def test_node_arguments_are_honoured_and_the_a2a_table_reconciles():
     rows = moe_a2a_table(v3, 144)
     assert all(len(r) == len(A2A_TABLE_COLUMNS) for r in rows)
     got = {(r[0], r[1]): r[4] for r in rows}
-    assert got[("flat, all pairs remote, bf16", "any")] == pytest.approx(2 * K * H * 2 / 1e3)
-    assert got[("flat, all pairs remote, dispatch fp8 / combine bf16", "any")] == \
+    assert got[("flat, all remote, bf16", "any")] == pytest.approx(2 * K * H * 2 / 1e3)
+    assert got[("flat, all remote, fp8 dispatch, bf16 combine", "any")] == \
         pytest.approx(K * H * 3 / 1e3)
     lim = moe_comm_bytes_per_token(v3, 144, 1, 2, 8, 4)
     assert got[("EP144, 8 GPUs/node, at most 4 nodes", "InfiniBand")] == \

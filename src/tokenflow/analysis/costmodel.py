@@ -563,10 +563,10 @@ def moe_a2a_table(config: ModelConfig, ep_size: int, gpus_per_node: int = 8,
         d, c = (m[f"{prefix}dispatch"], m[f"{prefix}combine"])
         rows.append([routing, link, d / 1e3, c / 1e3, (d + c) / 1e3])
 
-    add("flat, all pairs remote, bf16", "any", moe_comm_bytes_per_token(config))
+    add("flat, all remote, bf16", "any", moe_comm_bytes_per_token(config))
     name = {1: "fp8", 2: "bf16", 4: "fp32"}
-    add(f"flat, all pairs remote, dispatch {name.get(bd, f'{bd} B')} / combine "
-        f"{name.get(bc, f'{bc} B')}", "any",
+    add(f"flat, all remote, {name.get(bd, f'{bd} B')} dispatch, "
+        f"{name.get(bc, f'{bc} B')} combine", "any",
         moe_comm_bytes_per_token(config, None, bd, bc))
     add(f"flat, EP{ep_size}, uniform", "any", moe_comm_bytes_per_token(config, ep_size, bd, bc))
     limits = [(None, "no node limit")] + ([(max_nodes_per_token,
