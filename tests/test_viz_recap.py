@@ -8,7 +8,7 @@ import pytest  # noqa: E402
 from matplotlib.patches import FancyBboxPatch  # noqa: E402
 
 from tokenflow import COLORS  # noqa: E402
-from tokenflow.viz.recap import line_figure  # noqa: E402
+from tokenflow.viz import line_figure  # noqa: E402
 
 
 def test_line_figure_draws_every_stage_and_number():

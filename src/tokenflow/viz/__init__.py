@@ -16,6 +16,7 @@ is split by topic, one module per chapter theme:
 ``lens``           chapter 06: the logit lens
 ``trace_tables``   chapters 00 and 06: trace events as tables
 ``roofline``       chapter 07: lenses and the roofline
+``recap``          chapter 09: the whole line annotated with the book's numbers
 =================  ===========================================================
 
 Layering (checked by ``tests/test_layering.py``): nothing outside this package imports it;
@@ -49,6 +50,7 @@ from .trace_tables import (decode_trace_summary, decode_trace_explorer, trace_ta
                            decode_trace_static)
 from .roofline import (lens_bars, roofline_summary, roofline_bars, roofline_panel,
                        roofline_explorer, roofline_table, roofline_static)
+from .recap import line_figure
 
 __all__ = ["display_width", "pad", "format_bytes", "say", "Table", "precomputed_explorer",
            "PrecomputedExplorer", "MAX_OUTPUTS", "MAX_HTML_BYTES", "cjk_font", "setup_notebook",
@@ -74,4 +76,4 @@ __all__ = ["display_width", "pad", "format_bytes", "say", "Table", "precomputed_
            "decode_trace_explorer", "trace_table", "TRACE_SHAPES_WHERE", "trace_shapes_table",
            "trace_shapes_static", "decode_trace_static", "lens_bars", "roofline_summary",
            "roofline_bars", "roofline_panel", "roofline_explorer", "roofline_table",
-           "roofline_static"]
+           "roofline_static", "line_figure"]

@@ -1,9 +1,11 @@
 """The recap's figure (chapter 9): the whole line as one row of boxes, each annotated with its
 number for the tiny model and for DeepSeek-V3, and the decode loop closing it.
 
-    from tokenflow.viz.recap import line_figure
+    from tokenflow.viz import line_figure
 """
 from __future__ import annotations
+
+from tokenflow.analysis.trace import COLORS
 
 __all__ = ["line_figure"]
 
@@ -22,8 +24,6 @@ def line_figure(stages: list, title: str = "", loop_label: str = "decode loop: n
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
-
-    from tokenflow import COLORS
 
     if not stages:
         raise ValueError("stages must not be empty")
