@@ -4,6 +4,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import matplotlib.pyplot  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.patches import FancyBboxPatch  # noqa: E402
 
@@ -21,6 +22,7 @@ def test_line_figure_draws_every_stage_and_number():
     assert [tuple(round(c, 3) for c in b.get_facecolor()) for b in boxes] == \
         [tuple(round(c, 3) for c in w) for w in want]
     texts = {t.get_text() for t in fig.axes[0].texts}
+    matplotlib.pyplot.close(fig)                        # leave no figure for later tests
     assert {"5 ids", "V = 129,280", "2 of 8", "8 of 256", "都", "token ids"} <= texts
     with pytest.raises(ValueError, match="kind"):
         line_figure([("x", "red", "", "")])
