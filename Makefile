@@ -70,6 +70,7 @@ chromium:
 	fi
 
 book: $(STAMP) widget-js
+	$(VPY) scripts/bench_table.py --check || $(VPY) scripts/bench_table.py
 	$(VENV)/bin/jupyter-book build -W -n --keep-going .
 	$(VPY) scripts/i18n.py build
 	@echo "$(CURDIR)/_build/html/index.html"

@@ -108,6 +108,42 @@ def markup_problems(msgid: str, msgstr: str) -> list[str]:
     return out
 
 
+# Word choices the Chinese edition refuses (locale/TRANSLATING.md): (forbidden pattern, what to
+# write instead, why). A translated entry that matches fails `check` in every mode.
+FORBIDDEN_TERMS = (
+    (r"主流", "主数据流", "'main flow': 主流 reads as 'mainstream'"),
+    (r"共享模型", "全书共用的小模型", "'the shared model' is the one small model every chapter "
+     "uses, not a model with shared weights"),
+    (r"(少|慢|小|低|短|缩小|减少|降低)约?\s*[\d.,一二两三四五六七八九十百千万]+\s*倍|倍(少|慢|小|低|短)",
+     "a fraction (约三百分之一, 约 1/3.2)", "'N 倍少/慢' is ambiguous in Chinese"),
+    (r"整条流水线|这条流水线及其箭头", "整条路径", "流水线 is the serving pipeline only, not the "
+     "whole line"),
+    (r"前向计算", "前向传播", "one term for 'forward pass'"),
+    (r"执行器", "运行器", "one term for the engine's 'runner'"),
+    (r"确定性(的)?设置", "可复现的设置", "one term for 'deterministic'"),
+    (r"提示词元", "提示词词元", "one term for 'prompt token'"),
+    (r"这就是\*\*解码\*\*", "这就是**解码阶段**", "label the decode phase where the "
+     "tokenizer's decode() is near"),
+    (r"(?<!分词器的 )`decode` 不会", "分词器的 `decode`", "say that `decode` is the tokenizer's, "
+     "not the decode phase"),
+)
+EXACT_TERMS = {"Solution": "解答"}
+"""Messages with one fixed translation (the exercises' solution heading)."""
+
+
+def term_problems(msgid: str, msgstr: str) -> list[str]:
+    """Forbidden word choices in the translation ``msgstr`` of ``msgid``
+    (:data:`FORBIDDEN_TERMS`, :data:`EXACT_TERMS`), each naming what to write instead."""
+    out = []
+    if msgid in EXACT_TERMS and msgstr != EXACT_TERMS[msgid]:
+        out.append(f"{msgid!r} is always {EXACT_TERMS[msgid]!r}, got {msgstr!r}")
+    for pattern, instead, why in FORBIDDEN_TERMS:
+        m = re.search(pattern, msgstr)
+        if m:
+            out.append(f"{m.group(0)!r}: write {instead} ({why})")
+    return out
+
+
 def _key(message) -> tuple:
     return (message.id, message.context)
 
@@ -139,7 +175,9 @@ def compare(pot_file: Path, po_file: Path, page: str) -> PageReport:
         else:
             bad = markup_problems(message.id, entry.string)
             report.problems += [f"markup ({b}): {_short(message.id)!r}" for b in bad]
-            report.translated += not bad
+            terms = term_problems(message.id, entry.string)
+            report.problems += [f"term ({t}): {_short(message.id)!r}" for t in terms]
+            report.translated += not bad and not terms
     wanted = {_key(m) for m in template if m.id}
     for entry in catalog:
         if entry.id and _key(entry) not in wanted:
@@ -184,7 +222,7 @@ def strict_pages(locale_dir: Path, pages: list[str], env: str | None) -> set[str
     return listed or set(pages)
 
 
-ORDER = ("fuzzy", "markup", "orphaned", "missing", "no catalog", "untranslated")
+ORDER = ("fuzzy", "markup", "term", "orphaned", "missing", "no catalog", "untranslated")
 
 
 def _rank(problem: str) -> int:
@@ -226,9 +264,14 @@ def check(root: Path = ROOT, env: str | None = None) -> int:
         reports = check_catalogs(pot_dir, root / "locale")
     strict = strict_pages(root / "locale", [r.page for r in reports], env)
     failing = print_report(reports, strict)
+    terms = sum(p.startswith("term") for r in reports for p in r.problems)
     gaps = sum(len(r.problems) for r in reports)
     print(f"\ni18n check ({time.perf_counter() - start:.1f} s): {gaps} gap(s) in {LANG}, "
           f"{len(strict)} of {len(reports)} page(s) strict")
+    if terms:
+        print(f"FAILED: {terms} forbidden word choice(s) in the Chinese catalogs (the `term` lines "
+              "above; FORBIDDEN_TERMS in scripts/i18n.py), in any mode.")
+        return 1
     if failing:
         print(f"FAILED: {failing} gap(s) in strict pages (above). After changing English prose: "
               "`make i18n-update`, translate the new/fuzzy entries in locale/zh_CN/, rerun `make i18n-check`.")

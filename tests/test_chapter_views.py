@@ -112,3 +112,38 @@ def test_figure_explorers_embed_one_image_per_setting(traced):
     res = residual_stream_static(trace.hidden_states, TOKENS)
     assert len(res.fragments) == len(TOKENS) and res.default == {"token": len(TOKENS) - 1}
     assert matplotlib.pyplot.get_fignums() == []          # figures closed, not shown twice
+
+
+# ---- issue 26 item 15: chapter 06's formatting cells folded into viz helpers
+def test_step_bytes_table_weights_add_up_to_the_cost_model(traced):
+    """Every param_breakdown part belongs to one diagram node, so the weight column of a traced
+    decode step adds up to forward_weight_bytes; the bytes produced are the trace's."""
+    from tokenflow import load_pretrained
+    from tokenflow.analysis.costmodel import PARTS, forward_weight_bytes
+    from tokenflow.viz import WEIGHT_PARTS, step_bytes_table, trace_decode_step
+    assert sorted(p for parts in WEIGHT_PARTS.values() for p in parts) == sorted(PARTS)
+    model, tok = load_pretrained()
+    import torch
+    trace, _ = trace_decode_step(model, torch.tensor([tok.encode("北京是中国的首")]))
+    table = step_bytes_table(trace, model.config, 4)
+    rows = {r[0]: r for r in table.rows}
+    assert sum(r[3] for r in rows.values()) == pytest.approx(
+        forward_weight_bytes(model.config, 1, 4)["total"])
+    assert sum(r[2] for r in rows.values()) == sum(e.nbytes for e in trace.events)
+    assert rows["sampling"][3] == 0 and rows["MoE experts"][3] > rows["MoE router"][3]
+
+
+def test_logit_lens_by_depth_matches_token_rank(traced):
+    from tokenflow import load_pretrained
+    from tokenflow.analysis.logit_lens import logit_lens, token_rank
+    from tokenflow.viz import logit_lens_by_depth
+    import torch
+    model, tok = load_pretrained()
+    lens = logit_lens(model, torch.tensor([tok.encode("北京是中国的首")]))
+    du = tok.token_to_id("都")
+    table = logit_lens_by_depth(lens, tok, [du])
+    assert len(table.rows) == lens.shape[0]
+    assert [r[3] for r in table.rows] == [int(token_rank(lens[d, 0, -1], du))
+                                         for d in range(lens.shape[0])]
+    with pytest.raises(ValueError, match="position"):
+        logit_lens_by_depth(lens, tok, [du], position=99)

@@ -323,3 +323,65 @@ def test_forward_bytes_with_ep_counts_the_whole_ep_groups_tokens():
     untouched = (routed / ep) * (1 - K / E) ** ep
     expected = device_weights - untouched + H + kv1
     assert forward_bytes(cfg, 1, 0, 1, 1, ep_size=ep) == pytest.approx(expected, rel=1e-12)
+
+
+# ---- C1: what the sources say (issue 26)
+def test_dense_reads_all_weights_moe_only_the_experts_its_tokens_touch():
+    """Item 1: a dense pass reads every weight (but the embedding table) whatever the tokens;
+    the tiny MoE's decode step reads 2 of 8 experts per layer, its 5-token prefill more, and a
+    huge batch all of them."""
+    from tokenflow.analysis.costmodel import forward_weight_bytes, param_breakdown
+    dense, moe = preset("tiny-dense"), preset("tiny")
+    for T in (1, 5, 1000):
+        w = forward_weight_bytes(dense, T, 4)
+        table = dense.vocab_size * dense.hidden_size
+        assert w["total"] == (param_count(dense) - table + T * dense.hidden_size) * 4
+    b = param_breakdown(moe)
+    E, K = moe.num_experts, moe.num_experts_per_tok
+    one, five, many = (forward_weight_bytes(moe, T, 4) for T in (1, 5, 100_000))
+    assert one["routed_experts"] == pytest.approx(b["routed_experts"] * K / E * 4)
+    assert one["experts_touched"] == pytest.approx(K)
+    assert one["total"] < five["total"] < many["total"]
+    assert many["routed_experts"] == pytest.approx(b["routed_experts"] * 4)
+    whole = param_count(moe) * 4
+    assert one["total"] < 0.55 * whole           # about 0.83 MB of 1.64 MB
+    assert forward_weight_bytes(moe, 5, 4)["total"] + 0 == pytest.approx(
+        forward_bytes(moe, 5, 0, 1, 4) - kv_cache_bytes(moe, 1, 5, 4))
+
+
+def test_activated_parameters_quoted_precisely():
+    """Item 8: README_WEIGHTS gives 36.7B; the count without the embedding lookup is 36.6B."""
+    pub = reference_models()["DeepSeek-V3"]["published"]
+    assert pub["activated_precise"] == "36.7B" and "0.9B" in pub["activated_precise_note"]
+    v3 = reference_config("DeepSeek-V3")
+    assert round(active_param_count(v3, include_embedding=False) / 1e9, 1) == 36.6
+    assert abs(active_param_count(v3) / _published(pub["activated_precise"]) - 1) < 0.03
+
+
+def test_node_arguments_are_honoured_and_the_a2a_table_reconciles():
+    """Item 10: with gpus_per_node, ``total`` is what crosses the two links (the old code
+    returned the flat 166.7 kB at EP32 whatever the node arguments); the table's rows are
+    the function's numbers; on one node the hierarchical and the flat counts agree."""
+    from tokenflow.analysis.costmodel import A2A_TABLE_COLUMNS, moe_a2a_table
+    v3 = reference_config("DeepSeek-V3")
+    K, H = v3.num_experts_per_tok, v3.hidden_size
+    m = moe_comm_bytes_per_token(v3, 32, 1, 2, gpus_per_node=8, max_nodes_per_token=4)
+    assert math.isclose(m["total"], m["scale_out"] + m["scale_up"])
+    assert math.isclose(m["scale_out_dispatch"] * 2, m["scale_out_combine"])   # fp8 vs bf16
+    n = 4 * (1 - (3 / 4) ** K)                               # 4 nodes, K = 8
+    assert math.isclose(m["scale_out"], n * 3 / 4 * H * 3)
+    assert math.isclose(m["scale_up"], K * 7 / 8 * H * 3)
+    assert m["total"] != pytest.approx(moe_comm_bytes_per_token(v3, 32, 1, 2)["total"])
+    one = moe_comm_bytes_per_token(v3, 8, 1, 2, gpus_per_node=8)
+    assert math.isclose(one["total"], moe_comm_bytes_per_token(v3, 8, 1, 2)["total"])
+    rows = moe_a2a_table(v3, 144)
+    assert all(len(r) == len(A2A_TABLE_COLUMNS) for r in rows)
+    got = {(r[0], r[1]): r[4] for r in rows}
+    assert got[("flat, all remote, bf16", "any")] == pytest.approx(2 * K * H * 2 / 1e3)
+    assert got[("flat, all remote, fp8 dispatch, bf16 combine", "any")] == \
+        pytest.approx(K * H * 3 / 1e3)
+    lim = moe_comm_bytes_per_token(v3, 144, 1, 2, 8, 4)
+    assert got[("EP144, 8 GPUs/node, at most 4 nodes", "InfiniBand")] == \
+        pytest.approx(lim["scale_out"] / 1e3)
+    assert got[("EP144, 8 GPUs/node, at most 4 nodes", "both")] == pytest.approx(
+        lim["total"] / 1e3)

@@ -286,3 +286,33 @@ def test_compare_reports_an_obsolete_entry_as_orphaned(tmp_path):
     assert (report.total, report.translated) == (1, 1)
     assert len(report.problems) == 1
     assert "orphaned" in report.problems[0] and "An old sentence" in report.problems[0]
+
+
+def test_term_problems_refuse_each_forbidden_variant():
+    """Issue 26 item 20: each word choice the Chinese edition refuses is flagged, naming what to
+    write instead; the preferred forms pass."""
+    bad = {"**蓝色**是隐藏状态主流": "主数据流", "我们加载共享模型": "全书共用的小模型",
+           "比 H100 能做到的少约三百倍": "fraction", "慢 3.2 倍": "fraction",
+           "把整条流水线跑一遍": "整条路径", "一次前向计算": "前向传播", "**执行器**（runner）": "运行器",
+           "确定性设置（单线程）": "可复现", "每步的提示词元": "提示词词元",
+           "这就是**解码**：注意力": "解码阶段", "（`decode` 不会打印它）": "分词器的"}
+    for zh, hint in bad.items():
+        problems = i18n.term_problems("any", zh)
+        assert problems and hint in problems[0], (zh, problems)
+    good = ["**蓝色**是隐藏状态主数据流", "全书共用的小模型", "约为 H100 能力的三百分之一", "约 1/3.2",
+            "把整条路径跑一遍", "一次前向传播", "**运行器**（runner）", "可复现的设置", "提示词词元",
+            "这就是**解码阶段**：", "（分词器的 `decode` 不会打印它）", "服务流水线", "快好几倍"]
+    for zh in good:
+        assert i18n.term_problems("any", zh) == [], zh
+    assert i18n.term_problems("Solution", "答案") and not i18n.term_problems("Solution", "解答")
+
+
+def test_real_catalogs_use_the_agreed_terms():
+    bad = []
+    for po in sorted(PO_DIR.rglob("*.po")):
+        with po.open("rb") as f:
+            for m in read_po(f):
+                if m.id and m.string and not m.fuzzy:
+                    bad += [f"{po.relative_to(PO_DIR)}: {p}: {m.id[:60]!r}"
+                            for p in i18n.term_problems(m.id, m.string)]
+    assert not bad, "\n".join(bad)

@@ -176,3 +176,24 @@ def test_roofline_table_marks_the_bound_and_the_fit():
                                                              8)).rows[-1][2]
     ex = roofline_static(ds, hw_names=("H800",), batch=(1, 64), ep_size=(32,))
     assert sorted(ex.fragments) == ["0-0-0", "0-1-0"]
+
+
+def test_cross_tab_nests_the_block_lens_in_the_pipeline_stages(profiled):
+    """Issue 26 item 11: rows add up to the pipeline lens, columns to the block lens; the
+    modules of a forward pass sit in its prefill / decode-loop stage, the KV-cache update in
+    the KV cache stage, and nothing but time in between sits in queue or response."""
+    _, prof, _ = profiled
+    for phase in (None, "prefill", "decode"):
+        tab, pipe, blk = prof.cross_tab(phase), prof.pipeline(phase), prof.blocks(phase)
+        for st, row in tab.items():
+            assert sum(row.values()) == pytest.approx(pipe[st], rel=1e-9, abs=1e-12)
+        for k in blk:
+            assert sum(row[k] for row in tab.values()) == pytest.approx(blk[k], rel=1e-9,
+                                                                        abs=1e-12)
+    tab = prof.cross_tab()
+    assert tab["prefill"]["FFN / MoE"] > 0 and tab["decode loop"]["FFN / MoE"] > 0
+    assert tab["KV cache"]["attention"] == pytest.approx(prof.kv_seconds(), rel=1e-12)
+    for st in ("request queue", "response"):
+        assert all(v == 0 for k, v in tab[st].items() if k != "other")
+    assert all(v >= -1e-9 for row in tab.values() for v in row.values())
+    assert prof.cross_tab("decode")["prefill"]["attention"] == 0

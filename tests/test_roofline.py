@@ -132,3 +132,51 @@ def test_ridge_point_of_h100_from_its_datasheet():
     assert ridge_point(hardware("H100"), "fp8") == pytest.approx(1979e12 / 3.35e12)
     with pytest.raises(ValueError, match="dtype"):
         ridge_point(hardware("H100"), "int3")
+
+
+# ---- C1: the DeepSeek roofline models what its sources say (issue 26)
+from tokenflow.analysis.costmodel import moe_comm_bytes_per_token, num_moe_layers  # noqa: E402
+
+
+def test_links_overlap_and_combine_is_bf16():
+    """Item 5: NVLink and InfiniBand run at the same time (V3 report 3.2.2), so comm time is
+    the longer of the two; dispatch FP8 (weights' byte) and combine BF16 (day-6 note)."""
+    ds, h800 = reference_config("DeepSeek-V3"), hardware("H800")
+    r = roofline(ds, h800, "decode", 88, 4989, ep_size=128, dtype="fp8", bytes_per_param=1,
+                 max_nodes_per_token=4)
+    m = moe_comm_bytes_per_token(ds, 128, 1, 2, gpus_per_node=8, max_nodes_per_token=4)
+    assert r["scale_out_bytes"] == pytest.approx(88 * num_moe_layers(ds) * m["scale_out"])
+    assert r["scale_up_bytes"] == pytest.approx(88 * num_moe_layers(ds) * m["scale_up"])
+    assert r["comm_s"] == pytest.approx(max(r["scale_up_bytes"] / h800.scale_up_bandwidth,
+                                            r["scale_out_bytes"] / h800.scale_out_bandwidth))
+
+
+def test_published_totals_imply_the_reported_nodes():
+    """Item 6: 608B input tokens at 73.7k/s per node and 168B output tokens at 14.8k/s per
+    node over 24 hours are 95.5 + 131.4 = 226.9 nodes, against the reported 226.75: the rates
+    are per node and per phase."""
+    from tokenflow.analysis.roofline import DEEPSEEK_V3_SERVICE, implied_nodes
+    n = implied_nodes()
+    assert round(n["prefill"], 1) == 95.5 and round(n["decode"], 1) == 131.4
+    assert round(n["total"], 1) == 226.9 and n["reported"] == 226.75
+    assert abs(n["total"] / n["reported"] - 1) < 0.001
+    assert DEEPSEEK_V3_SERVICE["cache_hit_tokens"] / DEEPSEEK_V3_SERVICE["input_tokens"] == \
+        pytest.approx(DEEPSEEK_V3_SERVICE["cache_hit_rate"], abs=5e-4)
+    with pytest.raises(ValueError, match="missing"):
+        implied_nodes({"input_tokens": 1})
+
+
+def test_mla_decode_counts_the_absorbed_form_that_runs():
+    """Item 7: a decode step of DeepSeek-V3 runs FlashMLA's MQA mode, keys 576 wide
+    (r + dr) and values 512 wide (r), so attention does 2 * 128 * (576 + 512) FLOPs per
+    cached token and layer, about 242 FLOPs per bf16 KV byte: near the H800's 295 ridge.
+    A prefill still counts the naive per-head form."""
+    ds = reference_config("DeepSeek-V3")
+    L, nh = 4096, ds.num_attention_heads
+    f = forward_flops(ds, 1, 1, L - 1)
+    per_key = f["attention_scores"] / (ds.num_hidden_layers * L)
+    assert per_key == 2 * nh * (576 + 512)
+    per_kv_byte = per_key / (576 * 2)
+    assert 240 < per_kv_byte < 243 and per_kv_byte < ridge_point(hardware("H800"))
+    p = forward_flops(ds, 1, 16)
+    assert p["attention_scores"] == 16 * ds.num_hidden_layers * 2 * nh * 16 * (192 + 128)

@@ -397,7 +397,7 @@ alternating dense and locally banded sparse attention, which changes no paramete
 # (tokenflow.parallel.expert_parallel).
 
 __all__ += ["moe_a2a_bytes", "expected_remote_fraction", "moe_comm_bytes_per_token",
-            "num_moe_layers"]
+            "moe_a2a_table", "A2A_TABLE_COLUMNS", "num_moe_layers"]
 
 
 def _check_count(name: str, v, lo: int) -> None:
@@ -479,8 +479,12 @@ def moe_comm_bytes_per_token(config: ModelConfig, ep_size: int | None = None,
 
     Returns:
         dict with ``dispatch``, ``combine``, ``total`` (bytes per token per MoE layer) and
-        ``remote_fraction``; with ``gpus_per_node`` also ``scale_out`` and ``scale_up``
-        (dispatch + combine bytes, per token per MoE layer) and ``nodes_per_token``.
+        ``remote_fraction``. With ``gpus_per_node`` the node arguments are honoured: also
+        ``scale_out`` and ``scale_up`` (dispatch + combine bytes over each link, per token
+        per MoE layer), the same split per direction (``scale_out_dispatch``,
+        ``scale_out_combine``, ``scale_up_dispatch``, ``scale_up_combine``) and
+        ``nodes_per_token``; then ``dispatch``, ``combine`` and ``total`` are the sums over
+        both links (on one node, ``ep_size <= gpus_per_node``, the flat numbers).
 
     Raises:
         ValueError: dense config, bad ``ep_size`` or element sizes.
@@ -496,14 +500,22 @@ def moe_comm_bytes_per_token(config: ModelConfig, ep_size: int | None = None,
     c = pair * combine_bytes_per_element * f
     out = {"dispatch": d, "combine": c, "total": d + c, "remote_fraction": f}
     if gpus_per_node is not None:
-        out.update(_node_limited_bytes(config, ep_size, gpus_per_node, max_nodes_per_token,
-                                       dispatch_bytes_per_element + combine_bytes_per_element))
+        links = _node_limited_elements(config, ep_size, gpus_per_node, max_nodes_per_token)
+        for link in ("scale_out", "scale_up"):
+            out[f"{link}_dispatch"] = links[link] * dispatch_bytes_per_element
+            out[f"{link}_combine"] = links[link] * combine_bytes_per_element
+            out[link] = out[f"{link}_dispatch"] + out[f"{link}_combine"]
+        out["nodes_per_token"] = links["nodes_per_token"]
+        out["dispatch"] = out["scale_out_dispatch"] + out["scale_up_dispatch"]
+        out["combine"] = out["scale_out_combine"] + out["scale_up_combine"]
+        out["total"] = out["scale_out"] + out["scale_up"]
     return out
 
 
-def _node_limited_bytes(config: ModelConfig, ep_size, G: int, M, b: float) -> dict:
-    """Scale-out / scale-up bytes of :func:`moe_comm_bytes_per_token` (``b``: dispatch +
-    combine element bytes)."""
+def _node_limited_elements(config: ModelConfig, ep_size, G: int, M) -> dict:
+    """Elements one token sends over each link in one direction (:func:`moe_comm_bytes_per_token`
+    with ``gpus_per_node``): ``scale_out`` (InfiniBand, once per remote node reached) and
+    ``scale_up`` (NVLink, the pairs not on the GPU where the copy lands)."""
     _check_count("gpus_per_node", G, 1)
     if ep_size is None or ep_size % G and G % ep_size:
         raise ValueError(f"ep_size ({ep_size}) must be a multiple or divisor of "
@@ -514,8 +526,59 @@ def _node_limited_bytes(config: ModelConfig, ep_size, G: int, M, b: float) -> di
     n = N * (1 - (1 - 1 / N) ** K)
     n = min(n, M) if M is not None else n
     G_used = min(G, ep_size)
-    return {"nodes_per_token": n, "scale_out": n * (N - 1) / N * H * b,
-            "scale_up": K * (G_used - 1) / G_used * H * b}
+    return {"nodes_per_token": n, "scale_out": n * (N - 1) / N * H,
+            "scale_up": K * (G_used - 1) / G_used * H}
+
+
+A2A_TABLE_COLUMNS = ["routing", "link", "dispatch kB", "combine kB", "total kB"]
+"""Column names of :func:`moe_a2a_table`."""
+
+
+def moe_a2a_table(config: ModelConfig, ep_size: int, gpus_per_node: int = 8,
+                  max_nodes_per_token: int | None = 4, dispatch_bytes_per_element: float = 1,
+                  combine_bytes_per_element: float = 2) -> list:
+    """The book's one table of all-to-all bytes per token and MoE layer (kB = 1,000 bytes),
+    every row from :func:`moe_comm_bytes_per_token`, so the numbers of chapters 03, 07 and 08
+    reconcile. Rows, top to bottom:
+
+    1. flat, every (token, expert) pair remote, bf16 both ways (the upper bound);
+    2. the same with the deployment's element sizes (DeepSeek's day-6 note: dispatch FP8,
+       combine BF16; arguments ``dispatch_bytes_per_element``, ``combine_bytes_per_element``);
+    3. flat over ``ep_size`` ranks, uniform routing (pairs on the token's own rank stay);
+    4-6. ``gpus_per_node`` GPUs per node, no node limit: InfiniBand, NVLink, both;
+    7-9. node-limited to ``max_nodes_per_token`` nodes (DeepSeek-V3: 4): InfiniBand,
+       NVLink, both (omitted when ``max_nodes_per_token`` is ``None``).
+
+    Returns:
+        list of rows ``[routing, link, dispatch kB, combine kB, total kB]``
+        (:data:`A2A_TABLE_COLUMNS`).
+
+    Raises:
+        ValueError: as :func:`moe_comm_bytes_per_token`.
+    """
+    bd, bc = dispatch_bytes_per_element, combine_bytes_per_element
+    rows = []
+
+    def add(routing, link, m, prefix=""):
+        d, c = (m[f"{prefix}dispatch"], m[f"{prefix}combine"])
+        rows.append([routing, link, d / 1e3, c / 1e3, (d + c) / 1e3])
+
+    add("flat, all remote, bf16", "any", moe_comm_bytes_per_token(config))
+    name = {1: "fp8", 2: "bf16", 4: "fp32"}
+    add(f"flat, all remote, {name.get(bd, f'{bd} B')} dispatch, "
+        f"{name.get(bc, f'{bc} B')} combine", "any",
+        moe_comm_bytes_per_token(config, None, bd, bc))
+    add(f"flat, EP{ep_size}, uniform", "any", moe_comm_bytes_per_token(config, ep_size, bd, bc))
+    limits = [(None, "no node limit")] + ([(max_nodes_per_token,
+                                            f"at most {max_nodes_per_token} nodes")]
+                                          if max_nodes_per_token is not None else [])
+    for M, label in limits:
+        m = moe_comm_bytes_per_token(config, ep_size, bd, bc, gpus_per_node, M)
+        routing = f"EP{ep_size}, {gpus_per_node} GPUs/node, {label}"
+        add(routing, "InfiniBand", m, "scale_out_")
+        add(routing, "NVLink", m, "scale_up_")
+        add(routing, "both", m)
+    return rows
 
 
 def num_moe_layers(config: ModelConfig) -> int:
@@ -528,7 +591,7 @@ def num_moe_layers(config: ModelConfig) -> int:
 # the roofline (Williams, Waterman and Patterson 2009: attainable FLOP/s = min(peak FLOP/s,
 # arithmetic intensity x memory bandwidth)). The FLOPs are :func:`tokenflow.analysis.roofline.forward_flops`.
 
-__all__ += ["forward_bytes", "expected_experts_touched"]
+__all__ += ["forward_bytes", "forward_weight_bytes", "expected_experts_touched"]
 
 
 def expected_experts_touched(num_experts: int, top_k: int, num_tokens: int) -> float:
@@ -548,6 +611,51 @@ def expected_experts_touched(num_experts: int, top_k: int, num_tokens: int) -> f
     return num_experts * (1 - (1 - top_k / num_experts) ** num_tokens)
 
 
+def forward_weight_bytes(config: ModelConfig, tokens: int, bytes_per_element: float = 2, *,
+                         tp_size: int = 1, ep_size: int = 1) -> dict:
+    """Weight bytes one forward pass of ``tokens`` new tokens (all sequences together, ``B*S``)
+    reads on one device, by part (the keys of :data:`PARTS`) and ``total``.
+
+    The rule: a dense model reads all of its weights in every pass, whatever ``tokens`` is;
+    an MoE reads only the routed experts its tokens touch, so its bytes grow with the tokens
+    of a pass until every expert is hit (:func:`expected_experts_touched`, uniform routing).
+    ``embedding``: one row of ``H`` elements per token (a lookup, not the table; a learned
+    position table, if any, is counted whole). Other parts: whole, at the layout of
+    :func:`weight_bytes_per_device` (``tp_size`` splits embedding rows, attention, dense FFN,
+    shared experts and LM head; ``ep_size`` gives the device ``E / ep_size`` experts, touched
+    by the ``tokens * max(ep_size // tp_size, 1)`` tokens of its expert-parallel group).
+    The weights term of :func:`forward_bytes`.
+
+    Returns:
+        dict of bytes (floats): ``embedding``, ``attention``, ``dense_ffn``,
+        ``routed_experts``, ``shared_experts``, ``router``, ``norms``, ``lm_head``, ``total``;
+        and ``experts_touched`` (expected distinct experts per MoE layer on this device).
+
+    Raises:
+        ValueError: ``tokens < 1``, ``bytes_per_element <= 0``, or the errors of
+            :func:`weight_bytes_per_device`.
+    """
+    _check_count("tokens", tokens, 1)
+    c, b = config, bytes_per_element
+    weight_bytes_per_device(c, tp_size, ep_size, b)          # validates the layout
+    p = param_breakdown(c)
+    table = 0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size
+    out = {k: p[k] * b / tp_size for k in ("attention", "dense_ffn", "shared_experts",
+                                           "lm_head")}
+    out["embedding"] = (p["embedding"] - table + tokens * c.hidden_size) / tp_size * b
+    out["norms"], out["router"] = p["norms"] * b, p["router"] * b
+    out["routed_experts"], touched = 0.0, 0.0
+    if c.num_experts:                     # share of the experts the group's tokens hit
+        hit = expected_experts_touched(c.num_experts, c.num_experts_per_tok,
+                                       tokens * max(ep_size // tp_size, 1)) / c.num_experts
+        out["routed_experts"] = p["routed_experts"] / ep_size * b * hit
+        touched = hit * c.num_experts / ep_size
+    out = {k: out[k] for k in PARTS}
+    out["total"] = sum(out.values())
+    out["experts_touched"] = touched
+    return out
+
+
 def forward_bytes(config: ModelConfig, new_tokens: int, cached_tokens: int = 0,
                   batch_size: int = 1, bytes_per_element: float = 2, *,
                   kv_bytes_per_element: float | None = None, tp_size: int = 1,
@@ -559,7 +667,8 @@ def forward_bytes(config: ModelConfig, new_tokens: int, cached_tokens: int = 0,
     layers count at most ``sliding_window`` slots. The one bytes formula of the book:
     :func:`tokenflow.analysis.roofline.roofline`'s ``memory_bytes`` is this function.
 
-    Weights (``bytes_per_element`` each): all parameters but the input embedding table (one
+    Weights (``bytes_per_element`` each): :func:`forward_weight_bytes` of the pass's
+    ``batch_size * new_tokens`` tokens: all parameters but the input embedding table (one
     row per token is read, ``H`` elements per token); in MoE layers only the routed experts
     the tokens are expected to touch (:func:`expected_experts_touched`). Activations are left
     out (they stay in caches and registers in a fused kernel), so this is a lower bound.
@@ -580,13 +689,7 @@ def forward_bytes(config: ModelConfig, new_tokens: int, cached_tokens: int = 0,
     _check_count("batch_size", batch_size, 1)
     _check_bytes(bytes_per_element)
     kv_b = bytes_per_element if kv_bytes_per_element is None else kv_bytes_per_element
-    c, T = config, batch_size * new_tokens
-    w = weight_bytes_per_device(c, tp_size, ep_size, bytes_per_element)
-    table = 0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size
-    rows = T * c.hidden_size                                    # the embedding rows looked up
-    weights = w["total"] + (rows - table) / tp_size * bytes_per_element
-    if c.num_experts:
-        touched = expected_experts_touched(c.num_experts, c.num_experts_per_tok,
-                                           T * max(ep_size // tp_size, 1))
-        weights -= w["expert_parallel"] * (1 - touched / c.num_experts)
-    return weights + kv_cache_bytes(c, batch_size, cached_tokens + new_tokens, kv_b, tp_size)
+    weights = forward_weight_bytes(config, batch_size * new_tokens, bytes_per_element,
+                                   tp_size=tp_size, ep_size=ep_size)["total"]
+    return weights + kv_cache_bytes(config, batch_size, cached_tokens + new_tokens, kv_b,
+                                    tp_size)

@@ -106,6 +106,33 @@ class LensProfile:
         """Seconds in the KV cache's ``update`` (part of the ``attention`` module time)."""
         return sum(s.kv_seconds for s in self._select(phase))
 
+    def cross_tab(self, phase: str | None = None) -> dict:
+        """The block lens inside the pipeline lens: seconds of each module class spent in
+        each pipeline stage, ``{stage: {module: seconds}}`` over :data:`PIPELINE_STAGES` and
+        ``"other"`` (rows) and :data:`BLOCK_MODULES` and ``"other"`` (columns).
+
+        The modules of a step's forward pass sit in its ``prefill`` or ``decode loop`` stage,
+        except the attention's KV-cache ``update`` (:attr:`StepProfile.kv_seconds`), which
+        the pipeline lens calls ``KV cache``; ``sampling`` is the same time in both lenses.
+        Each row's ``other`` is the stage time no module claims (RoPE, residual adds, the
+        cache's set-up; for ``request queue`` and ``response`` all of it). Rows add up to
+        :meth:`pipeline`, columns to :meth:`blocks`.
+
+        Raises:
+            ValueError: ``phase`` not ``None``, ``"prefill"`` or ``"decode"``.
+        """
+        cols = BLOCK_MODULES + (OTHER,)
+        out = {st: dict.fromkeys(cols, 0.0) for st in PIPELINE_STAGES + (OTHER,)}
+        for s in self._select(phase):
+            fwd = out["prefill" if s.phase == "prefill" else "decode loop"]
+            for k in BLOCK_MODULES:
+                (out["sampling"] if k == "sampling" else fwd)[k] += s.modules[k]
+            fwd["attention"] -= s.kv_seconds
+            out["KV cache"]["attention"] += s.kv_seconds
+        for st, seconds in self.pipeline(phase).items():
+            out[st][OTHER] = seconds - sum(out[st][k] for k in BLOCK_MODULES)
+        return out
+
     def num_tokens(self, phase: str | None = None) -> int:
         """Tokens computed (prompt tokens and decode rows) in the selected steps."""
         return sum(s.num_tokens for s in self._select(phase))

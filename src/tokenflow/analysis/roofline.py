@@ -7,7 +7,10 @@ the router, the LM head. Norms, RoPE, softmax and activations (a few FLOPs per e
 left out. Checked against ``torch.utils.flop_counter`` on the shared model.
 
 Time (:func:`roofline`): one step on one device takes ``max(compute, memory, communication)``
-(perfect overlap; ``serial_s`` adds them instead), each at the peak of :class:`HardwareSpec`.
+(perfect overlap; ``serial_s`` adds them instead), each at the peak of :class:`HardwareSpec`;
+communication over NVLink and InfiniBand overlaps too (DeepSeek-V3 report, arXiv:2412.19437,
+section 3.2.2: the IB and NVLink transfers of the all-to-all are fully overlapped), so it
+takes the longer of the two.
 A bound, not a prediction: real kernels reach a fraction of peak.
 """
 from __future__ import annotations
@@ -147,7 +150,8 @@ def forward_flops(config: ModelConfig, batch: int, seq_len: int, past_len: int =
                   logits: str = "all") -> dict:
     """FLOPs of one forward pass over ``[batch, seq_len]`` new tokens after ``past_len``
     cached ones, by part: ``attention_proj``, ``attention_scores`` (``q.k`` and weights @ V:
-    ``2 * nh * L * (d_qk + d_v)`` per query, ``L`` the keys it is computed against:
+    ``2 * nh * L * (d_qk + d_v)`` per query; MLA counts the form that runs, absorbed for a
+    decode step, ``d_qk = r + dr, d_v = r``, naive otherwise; ``L`` the keys it is computed against:
     ``past_len + seq_len`` as a dense masked kernel computes the full block, capped at
     ``sliding_window`` on sliding layers), ``dense_ffn``, ``routed_experts`` (``K`` per
     token), ``shared_experts``, ``router``, ``lm_head`` (``logits="all"`` positions or only
@@ -165,8 +169,7 @@ def forward_flops(config: ModelConfig, batch: int, seq_len: int, past_len: int =
     if logits not in ("all", "last"):
         raise ValueError(f"logits must be 'all' or 'last', got {logits!r}")
     T, H = batch * seq_len, c.hidden_size
-    d_qk, d_v = ((c.qk_nope_head_dim + c.qk_rope_head_dim, c.v_head_dim) if c.is_mla
-                 else (c.head_dim, c.head_dim))
+    d_qk, d_v = _attention_widths(c, seq_len)
     out = dict.fromkeys(("attention_proj", "attention_scores", "dense_ffn", "routed_experts",
                          "shared_experts", "router", "lm_head"), 0)
     for i in range(c.num_hidden_layers):
@@ -185,6 +188,21 @@ def forward_flops(config: ModelConfig, batch: int, seq_len: int, past_len: int =
     out["lm_head"] = 2 * H * c.vocab_size * (T if logits == "all" else batch)
     out["total"] = sum(out.values())
     return out
+
+
+def _attention_widths(c: ModelConfig, seq_len: int) -> tuple[int, int]:
+    """(key width, value width) of the attention core as it runs. GQA / MHA: ``head_dim``
+    both. MLA: the naive form ``(dn + dr, dv)`` for a prefill or chunk, the absorbed form
+    ``(r + dr, r)`` for a decode step (``seq_len == 1``), as :class:`tokenflow.mla.MLAttention`
+    and DeepSeek's FlashMLA run it (MQA mode: one 576-wide key and 512-wide value shared by
+    all heads, for DeepSeek-V3's ``r = 512, dr = 64``). The absorbed form's two small
+    matmuls per token (``W_UK`` into the query, ``W_UV`` on the output) cost what the naive
+    form's ``kv_b_proj`` of the new token costs, so the projections need no switch."""
+    if not c.is_mla:
+        return c.head_dim, c.head_dim
+    if seq_len == 1:
+        return c.kv_lora_rank + c.qk_rope_head_dim, c.kv_lora_rank
+    return c.qk_nope_head_dim + c.qk_rope_head_dim, c.v_head_dim
 
 
 def _ffn_matmul_params(c: ModelConfig, I: int) -> int:
@@ -229,7 +247,9 @@ def arithmetic_intensity(config: ModelConfig, new_tokens: int, cached_tokens: in
 def roofline(config: ModelConfig, hw: HardwareSpec, phase: str, batch: int, context_len: int,
              tp_size: int = 1, ep_size: int = 1, dtype: str = "bf16",
              bytes_per_param: float = 2, kv_bytes_per_element: float = 2,
-             max_nodes_per_token: int | None = None) -> dict:
+             max_nodes_per_token: int | None = None,
+             dispatch_bytes_per_element: float | None = None,
+             combine_bytes_per_element: float = 2) -> dict:
     """Roofline time of one step on one device, and its tokens/s.
 
     ``batch`` sequences run on this device's tensor-parallel group (each of the
@@ -245,12 +265,18 @@ def roofline(config: ModelConfig, hw: HardwareSpec, phase: str, batch: int, cont
       Weights at ``bytes_per_param``, cache at ``kv_bytes_per_element``.
     * communication: EP dispatch + combine (:func:`~tokenflow.analysis.costmodel.
       moe_comm_bytes_per_token` with ``hw.gpus_per_node`` and ``max_nodes_per_token``) per
-      token and MoE layer over the scale-out and scale-up links; TP: two ring all-reduces of
-      ``[T, H]`` per layer (``2 (tp-1)/tp`` of the bytes each) over scale-up.
+      token and MoE layer over the scale-out and scale-up links, dispatch at
+      ``dispatch_bytes_per_element`` (``None``: ``bytes_per_param``) and combine at
+      ``combine_bytes_per_element`` (default 2: DeepSeek's day-6 note dispatches in FP8 and
+      combines in BF16); TP: two ring all-reduces of ``[T, H]`` per layer (``2 (tp-1)/tp``
+      of the bytes each, at ``bytes_per_param``) over scale-up. The two links run at the
+      same time (V3 report section 3.2.2): ``comm_s = max(up / scale_up_bandwidth,
+      out / scale_out_bandwidth)``.
 
     Returns:
         dict: ``flops``, ``memory_bytes``, ``scale_up_bytes``, ``scale_out_bytes``,
-        ``compute_s``, ``memory_s``, ``comm_s``, ``step_s`` (max of the three),
+        ``compute_s``, ``memory_s``, ``comm_s`` (the longer link), ``scale_up_s``,
+        ``scale_out_s``, ``step_s`` (max of compute, memory, comm),
         ``serial_s`` (their sum), ``bound`` (which one is the max), ``tokens_per_s`` (new
         tokens per second on this device).
 
@@ -267,23 +293,26 @@ def roofline(config: ModelConfig, hw: HardwareSpec, phase: str, batch: int, cont
     mem = forward_bytes(c, per_seq, context_len - per_seq, batch, bytes_per_param,
                         kv_bytes_per_element=kv_bytes_per_element, tp_size=tp_size,
                         ep_size=ep_size)
-    up, out = _comm_bytes(c, hw, T, tp_size, ep_size, bytes_per_param, max_nodes_per_token)
+    bd = bytes_per_param if dispatch_bytes_per_element is None else dispatch_bytes_per_element
+    up, out = _comm_bytes(c, hw, T, tp_size, ep_size, bytes_per_param, bd,
+                          combine_bytes_per_element, max_nodes_per_token)
+    links = {"scale_up_s": _seconds(up, hw.scale_up_bandwidth),
+             "scale_out_s": _seconds(out, hw.scale_out_bandwidth)}
     times = {"compute_s": flops / hw.peak_flops[dtype], "memory_s": mem / hw.memory_bandwidth,
-             "comm_s": _seconds(up, hw.scale_up_bandwidth) + _seconds(out,
-                                                                     hw.scale_out_bandwidth)}
+             "comm_s": max(links.values())}
     step = max(times.values())
     return dict(flops=flops, memory_bytes=mem, scale_up_bytes=up, scale_out_bytes=out,
-                **times, step_s=step, serial_s=sum(times.values()),
+                **times, **links, step_s=step, serial_s=sum(times.values()),
                 bound=max(times, key=times.get)[:-2], tokens_per_s=T / step)
 
 
 def _comm_bytes(c: ModelConfig, hw: HardwareSpec, T: int, tp: int, ep: int, b: float,
-                max_nodes) -> tuple[float, float]:
+                bd: float, bc: float, max_nodes) -> tuple[float, float]:
     """(scale-up, scale-out) bytes one device sends in a step of ``T`` tokens."""
     up = 2 * c.num_hidden_layers * 2 * (tp - 1) / tp * T * c.hidden_size * b
     out = 0.0
     if c.num_experts and ep > 1:
-        m = moe_comm_bytes_per_token(c, ep, b, b, gpus_per_node=hw.gpus_per_node,
+        m = moe_comm_bytes_per_token(c, ep, bd, bc, gpus_per_node=hw.gpus_per_node,
                                      max_nodes_per_token=max_nodes)
         up += m["scale_up"] * T * num_moe_layers(c)
         out = m["scale_out"] * T * num_moe_layers(c)
@@ -297,3 +326,46 @@ def _seconds(nbytes: float, bandwidth: float) -> float:
         raise ValueError("the step needs a link this hardware spec does not have "
                          "(bandwidth 0): use tp_size = ep_size = 1")
     return nbytes / bandwidth
+
+
+# ---- a published deployment to hold the roofline against (chapter 07)
+__all__ += ["DEEPSEEK_V3_SERVICE", "implied_nodes"]
+
+DEEPSEEK_V3_SERVICE = dict(
+    prefill_tok_s_per_node=73.7e3, decode_tok_s_per_node=14.8e3, gpus_per_node=8,
+    input_tokens=608e9, cache_hit_tokens=342e9, cache_hit_rate=0.563, output_tokens=168e9,
+    seconds=24 * 3600, average_nodes=226.75, peak_nodes=278,
+    output_tok_s_per_request=(20, 22), kv_len_per_output_token=4_989,
+    source="DeepSeek, 'DeepSeek-V3/R1 Inference System Overview', open-infra-index, day 6 of "
+           "Open Source Week (2025): 24 hours of the online service (Feb 27-28, 2025). Per "
+           "H800 node ~73.7k input tokens/s in prefill (including on-disk cache hits) or "
+           "~14.8k output tokens/s in decode; 608B input tokens of which 342B (56.3%) hit the "
+           "on-disk KV cache; 168B output tokens; 20-22 output tokens/s per request; average "
+           "KV length per output token 4,989; peak 278 nodes, average 226.75 nodes.")
+"""The figures DeepSeek published for its V3/R1 service (``source`` says where from)."""
+
+
+def implied_nodes(service: dict = DEEPSEEK_V3_SERVICE) -> dict:
+    """Nodes the published totals imply, as a check that the per-node rates are per node and
+    per phase: ``input_tokens / (prefill_tok_s_per_node * seconds)`` prefill nodes plus
+    ``output_tokens / (decode_tok_s_per_node * seconds)`` decode nodes, against the reported
+    average occupancy (DeepSeek-V3: 95.5 + 131.4 = 226.9 against 226.75).
+
+    Returns:
+        ``{"prefill", "decode", "total", "reported"}`` (nodes, floats).
+
+    Raises:
+        ValueError: a rate or duration <= 0, or a missing key.
+    """
+    need = ("input_tokens", "output_tokens", "prefill_tok_s_per_node",
+            "decode_tok_s_per_node", "seconds", "average_nodes")
+    missing = [k for k in need if k not in service]
+    if missing:
+        raise ValueError(f"service is missing {missing}")
+    for k in need[2:5]:
+        if service[k] <= 0:
+            raise ValueError(f"service[{k!r}] must be > 0, got {service[k]!r}")
+    pre = service["input_tokens"] / (service["prefill_tok_s_per_node"] * service["seconds"])
+    dec = service["output_tokens"] / (service["decode_tok_s_per_node"] * service["seconds"])
+    return {"prefill": pre, "decode": dec, "total": pre + dec,
+            "reported": service["average_nodes"]}

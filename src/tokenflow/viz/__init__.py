@@ -16,6 +16,7 @@ is split by topic, one module per chapter theme:
 ``lens``           chapter 06: the logit lens
 ``trace_tables``   chapters 00 and 06: trace events as tables
 ``roofline``       chapter 07: lenses and the roofline
+``recap``          chapter 09: the whole line annotated with the book's numbers
 =================  ===========================================================
 
 Layering (checked by ``tests/test_layering.py``): nothing outside this package imports it;
@@ -43,12 +44,14 @@ from .serving import (phase_times_plot, decode_batch_plot, arithmetic_intensity_
                       serving_timeline, batch_composition_plot, batching_comparison_plot,
                       serving_counts, serving_panel, serving_explorer, timeline_table,
                       timeline_view, serving_summary_table, serving_static)
-from .lens import (logit_lens_heatmap, logit_lens_topk, logit_lens_explorer, logit_lens_static)
+from .lens import (logit_lens_heatmap, logit_lens_topk, logit_lens_explorer, logit_lens_static,
+                   logit_lens_by_depth)
 from .trace_tables import (decode_trace_summary, decode_trace_explorer, trace_table,
                            TRACE_SHAPES_WHERE, trace_shapes_table, trace_shapes_static,
-                           decode_trace_static)
+                           decode_trace_static, WEIGHT_PARTS, step_bytes_table)
 from .roofline import (lens_bars, roofline_summary, roofline_bars, roofline_panel,
                        roofline_explorer, roofline_table, roofline_static)
+from .recap import line_figure
 
 __all__ = ["display_width", "pad", "format_bytes", "say", "Table", "precomputed_explorer",
            "PrecomputedExplorer", "MAX_OUTPUTS", "MAX_HTML_BYTES", "cjk_font", "setup_notebook",
@@ -74,4 +77,5 @@ __all__ = ["display_width", "pad", "format_bytes", "say", "Table", "precomputed_
            "decode_trace_explorer", "trace_table", "TRACE_SHAPES_WHERE", "trace_shapes_table",
            "trace_shapes_static", "decode_trace_static", "lens_bars", "roofline_summary",
            "roofline_bars", "roofline_panel", "roofline_explorer", "roofline_table",
-           "roofline_static"]
+           "roofline_static", "line_figure", "logit_lens_by_depth", "WEIGHT_PARTS",
+           "step_bytes_table"]

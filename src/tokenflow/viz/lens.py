@@ -10,7 +10,8 @@ import matplotlib.pyplot as plt
 
 from tokenflow.analysis.trace import COLORS
 
-__all__ = ["logit_lens_heatmap", "logit_lens_topk", "logit_lens_explorer", "logit_lens_static"]
+__all__ = ["logit_lens_heatmap", "logit_lens_topk", "logit_lens_explorer", "logit_lens_static",
+           "logit_lens_by_depth"]
 
 
 # --------------------------------------------------------------------- chapter 06 (F6)
@@ -118,3 +119,38 @@ def logit_lens_static(lens, tokenizer, tokens: list[str], token_ids=(), k: int =
     return precomputed_explorer(show, {"depth": list(range(n_depth)), "position": names},
                                 title="logit lens: top tokens at one depth and position",
                                 default={"depth": n_depth - 1, "position": names[-1]})
+
+
+def logit_lens_by_depth(lens, tokenizer, token_ids, position: int = -1, batch: int = 0,
+                        title: str | None = None):
+    """One row per depth of the logit lens at ``(batch, position)``: depth, what it reads
+    (``embedding`` or ``after block l``), the top token, and the rank and probability of each
+    of ``token_ids`` (:func:`tokenflow.viz.prob_text`). Returns a :class:`tokenflow.viz.Table`.
+
+    Args:
+        lens: ``[L+1, B, S, V]`` from :func:`tokenflow.analysis.logit_lens.logit_lens`.
+
+    Raises:
+        ValueError: ``position`` or ``batch`` out of range, or an unknown token id.
+    """
+    from tokenflow.analysis.logit_lens import token_rank
+
+    from .fmt import Table
+    from .moe import prob_text
+    n_depth, B, S, V = lens.shape
+    if not -S <= position < S:
+        raise ValueError(f"position must be in [{-S}, {S - 1}], got {position}")
+    if not 0 <= batch < B:
+        raise ValueError(f"batch must be in [0, {B - 1}], got {batch}")
+    rows = []
+    for depth in range(n_depth):
+        x = lens[depth, batch, position]                                  # [V]
+        p = x.float().softmax(-1)
+        row = [depth, "embedding" if depth == 0 else f"after block {depth - 1}",
+               tokenizer.id_to_token(int(x.argmax()))]
+        for t in token_ids:
+            row += [int(token_rank(x, t)), prob_text(p[t])]
+        rows.append(row)
+    names = [tokenizer.id_to_token(t) for t in token_ids]
+    cols = ["depth", "reads", "top token"] + [c for n in names for c in (f"rank {n}", f"p({n})")]
+    return Table(rows, cols, align="<<<" + ">" * 2 * len(names), title=title)

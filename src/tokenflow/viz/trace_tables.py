@@ -10,7 +10,8 @@ import ipywidgets as widgets
 from .hidden import shape_controls
 
 __all__ = ["decode_trace_summary", "decode_trace_explorer", "trace_table", "TRACE_SHAPES_WHERE",
-           "trace_shapes_table", "trace_shapes_static", "decode_trace_static"]
+           "trace_shapes_table", "trace_shapes_static", "decode_trace_static",
+           "WEIGHT_PARTS", "step_bytes_table"]
 
 
 def decode_trace_summary(config, batch_size: int, seq_len: int, num_experts: int) -> str:
@@ -84,3 +85,41 @@ def decode_trace_static(config, batch_size=(1, 2, 4, 8), seq_len=(1, 8, 32),
         title="trace of a random-weight model, blocks 0 and 1",
         default={"batch B": batch_size[0], "seq len S": seq_len[min(1, len(seq_len) - 1)],
                  "experts E": num_experts[min(1, len(num_experts) - 1)]})
+
+
+WEIGHT_PARTS = {"embedding": ("embedding",), "attention": ("attention", "norms"),
+                "dense FFN": ("dense_ffn",), "MoE router": ("router",),
+                "MoE experts": ("routed_experts", "shared_experts"), "LM head": ("lm_head",)}
+"""Diagram node -> the :func:`tokenflow.analysis.costmodel.param_breakdown` parts whose
+weights it reads (the norms are counted with attention); together they cover every part."""
+
+
+def step_bytes_table(trace, config, bytes_per_element: float = 4):
+    """Per diagram node of one traced pass: trace rows, activation bytes produced (the sum of
+    the events' ``nbytes``) and weight bytes read, from
+    :func:`tokenflow.analysis.costmodel.forward_weight_bytes` for the pass's tokens (the
+    lookup's ``B*S``; in MoE layers the experts those tokens are expected to touch), split by
+    :data:`WEIGHT_PARTS`. Returns a :class:`tokenflow.viz.Table`.
+
+    Raises:
+        ValueError: a trace without a ``lookup`` event.
+    """
+    import math
+
+    from tokenflow.analysis.costmodel import forward_weight_bytes
+
+    from .diagram import load_diagram, node_of
+    from .fmt import Table
+    lookup = next((e for e in trace.events if e.action == "lookup"), None)
+    if lookup is None:
+        raise ValueError("trace must contain a 'lookup' event (a whole forward pass)")
+    d = load_diagram()
+    per_node = {}
+    for e in trace.events:
+        name = d.name(node_of(e))
+        rows, nbytes = per_node.get(name, (0, 0))
+        per_node[name] = (rows + 1, nbytes + e.nbytes)
+    w = forward_weight_bytes(config, math.prod(lookup.in_shape), bytes_per_element)
+    return Table([(name, rows, nbytes, sum(w[k] for k in WEIGHT_PARTS.get(name, ())))
+                  for name, (rows, nbytes) in per_node.items()],
+                 ["diagram node", "rows", "bytes produced", "weight bytes read"], digits=0)
