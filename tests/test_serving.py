@@ -5,8 +5,8 @@ The reference for every request is :func:`tokenflow.inference.generate` run on t
 (batch 1, whole prompt in one prefill, no preemption), with a fresh ``torch.Generator``
 seeded like the request. The workload forces chunked prefill (prompts longer than the token
 budget), preemption (a pool smaller than the requests' needs) and prefix-cache hits (a
-shared system prompt), for both storages (paged: one forward per step and shared prefix
-blocks; contiguous: a cache per request) and both batching modes.
+shared system prompt), for both storages (paged: one packed forward per step, or one per
+chunk, and shared prefix blocks; contiguous: a cache and a forward per request).
 """
 import pytest
 import torch
@@ -60,7 +60,7 @@ instead, see tests/test_serving_robust.py)."""
 
 
 @pytest.fixture(scope="module", params=["paged-batched", "paged-per-request",
-                                        "contiguous-batched", "contiguous-per-request"])
+                                        "contiguous-per-request"])
 def run(request, model):
     """(engine, prompts, params, outputs of the good requests, outputs of the bad ones)."""
     prompts, params = _workload(model)
@@ -397,9 +397,9 @@ def test_scheduler_settings():
 
 
 # ------------------------------------------------------------------- runner storage
-def test_storage_decode_group_matches_own_caches(model):
-    """Rows decoded in the batched group give the logits of each request decoded alone; a
-    member freed and allocated again starts from an empty cache."""
+def test_contiguous_storage_matches_own_caches(model):
+    """Decode rows of several requests in one step give the logits of each request decoded
+    alone; a request freed and allocated again starts from an empty cache."""
     from tokenflow import KVCache, decode_step, prefill
     from tokenflow.serving import ContiguousKVStorage, ScheduledChunk
     store = ContiguousKVStorage(model)
@@ -410,7 +410,7 @@ def test_storage_decode_group_matches_own_caches(model):
         store.forward([ScheduledChunk(r, 0, r.num_tokens)])
         refs.append(KVCache(model.config, 1, 24))
         prefill(model, torch.tensor([r.token_ids]), refs[-1])
-    for step in range(3):                               # same rows: the group is reused
+    for step in range(3):
         for r in reqs:
             r.output_token_ids.append(40 + step)
         got = store.forward([ScheduledChunk(r, r.num_tokens - 1, 1) for r in reqs])
@@ -418,7 +418,7 @@ def test_storage_decode_group_matches_own_caches(model):
             want = decode_step(model, torch.tensor([r.token_ids[-1]]), ref)[0]
             assert torch.allclose(got[r.request_id], want, atol=1e-5)
     assert [store.num_computed(r.request_id) for r in reqs] == [r.num_tokens for r in reqs]
-    store.free(1)                                       # flushes the group back first
+    store.free(1)
     store.allocate(1, 24)
     assert store.num_computed(1) == 0 and store.num_computed(0) == reqs[0].num_tokens
     got = store.forward([ScheduledChunk(reqs[1], 0, reqs[1].num_tokens)])

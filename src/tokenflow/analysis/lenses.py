@@ -10,7 +10,7 @@ lens of :mod:`tokenflow.analysis.logit_lens`):
 
 :func:`profile_engine_run` times both on the same engine steps with ``time.perf_counter``:
 wrappers around the engine's parts (``scheduler.schedule`` / ``update``, ``runner.execute``,
-the storage's ``forward``, the paged cache's ``prepare`` / ``update``) for the pipeline, and
+the storage's ``forward``, the paged cache's ``packed_step`` / ``update``) for the pipeline, and
 forward hooks on the model's modules for the blocks. Every step's pieces are disjoint
 intervals inside the engine's own step time (:attr:`StepRecord.seconds
 <tokenflow.serving.StepRecord>`), so they add up to at most that time; the remainder is
@@ -186,7 +186,7 @@ class _Recorder:
         self._timed(e.runner, "free", lambda a, b, r: self._add_stage("KV cache", b - a))
         self._timed(e.runner, "execute", self._on_execute)
         self._timed(storage, "forward", self._on_forward)
-        self._timed(storage.cache, "prepare", self._on_kv)
+        self._timed(storage.cache, "packed_step", self._on_kv)
         self._timed(storage.cache, "update", self._on_kv_update)
         for module, role in _module_roles(e.model):
             self._undo.append(module.register_forward_pre_hook(self._pre).remove)
@@ -223,7 +223,7 @@ class _Recorder:
 
     def _on_execute(self, t0, t1, result):
         s, (f0, f1) = self.current, self._fwd
-        s.stages["KV cache"] += (f0 - t0) + self._kv       # storage allocate/free, prepare, writes
+        s.stages["KV cache"] += (f0 - t0) + self._kv       # storage allocate/free, packed_step, writes
         s.stages["prefill" if s.phase == "prefill" else "decode loop"] += (f1 - f0) - self._kv
         s.stages["sampling"] += t1 - f1
         s.modules["sampling"] += t1 - f1

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from .config import ModelConfig
 from .fused import PackedWeights, linear_weights, packed_rows
-from .kv_cache import CacheStep, attention_mask_for
+from .kv_cache import CacheStep, PackedCacheStep, attention_mask_for
 from .rope import RotaryEmbedding, apply_rope
 
 __all__ = ["RotaryEmbedding", "apply_rope", "Attention", "attention_mask_for",
@@ -85,6 +85,21 @@ class Attention(PackedWeights, nn.Module):
             return torch.cat(ws)
         return packed_rows(self, "qkv", ws)
 
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+               ) -> torch.Tensor:
+        """Scaled dot-product attention of ``q [B,nh,S,D]`` over ``k, v [B,nkv,L,D]`` under
+        ``mask [B,1,S,L]``; returns ``[B,nh,S,D]``."""
+        B, nh, S, D = q.shape
+        nkv = self.n_kv
+        if S == 1 and nkv != nh:
+            # Decode with GQA: the nh/nkv query heads that share a KV head read the same K and
+            # V, so they become the rows of one query block against that head (a [rep, D] by
+            # [D, L] product instead of rep [1, D] ones: one read of the K/V serves rep queries).
+            # Head h = g*rep + r uses KV head g, as enable_gqa would; same values, faster.
+            out = _sdpa(q.reshape(B, nkv, nh // nkv, D), k, v, mask)
+            return out.reshape(B, nh, 1, D)                               # [B, nh, 1, D]
+        return _sdpa(q, k, v, mask, nkv != nh)
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 step: CacheStep, kv_cache=None, trace=None) -> torch.Tensor:
         """One attention step.
@@ -93,7 +108,8 @@ class Attention(PackedWeights, nn.Module):
             x: ``[B,S,H]`` normalised hidden states of the new tokens.
             cos, sin: ``[B,1,S,D]`` RoPE tables for their positions.
             step: the forward pass's :class:`~tokenflow.model.kv_cache.CacheStep` (``mask
-                [B,1,S,L]``, ``start``).
+                [B,1,S,L]``, ``start``); a :class:`~tokenflow.model.kv_cache.PackedCacheStep`
+                when ``x`` is ``[1, T, H]``, several sequences end to end.
             kv_cache: a cache storage (:class:`~tokenflow.model.kv_cache.KVCache`): the new K/V are
                 written at the step's slots and all filled slots are read; or ``None``
                 (attend over the new tokens only).
@@ -129,15 +145,10 @@ class Attention(PackedWeights, nn.Module):
             weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
             out = weights @ vr                                            # [B, nh, S, D]
             trace.attention_weights[self.layer_idx] = weights.detach()
-        elif S == 1 and nkv != nh:
-            # Decode with GQA: the nh/nkv query heads that share a KV head read the same K and
-            # V, so they become the rows of one query block against that head (a [rep, D] by
-            # [D, L] product instead of rep [1, D] ones: one read of the K/V serves rep queries).
-            # Head h = g*rep + r uses KV head g, as enable_gqa would; same values, faster.
-            out = _sdpa(q.reshape(B, nkv, nh // nkv, D), k_all, v_all, mask)
-            out = out.reshape(B, nh, 1, D)                                # [B, nh, 1, D]
+        elif isinstance(step, PackedCacheStep):   # sequences end to end: each its own context
+            out = step.attend_each(self.attend, (q,), (k_all, v_all))     # [1, nh, T, D]
         else:
-            out = _sdpa(q, k_all, v_all, mask, nkv != nh)
+            out = self.attend(q, k_all, v_all, mask)                      # [B, nh, S, D]
         out = self.o_proj(out.transpose(1, 2).reshape(B, S, nh * D))     # [B, S, H]
         if trace is not None:
             trace.record("read KV", where, q, out, nbytes=k_all.nbytes + v_all.nbytes,

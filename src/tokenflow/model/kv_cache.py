@@ -26,14 +26,14 @@ is the formula, and ``bytes_per_token()`` measured from the tensors equals it (t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .config import ModelConfig
 
-__all__ = ["CacheStep", "CacheStorage", "KVCache", "cache_entries", "uncached_step",
-           "attention_mask_for"]
+__all__ = ["CacheStep", "PackedCacheStep", "CacheStorage", "KVCache", "cache_entries",
+           "uncached_step", "attention_mask_for"]
 
 
 def cache_entries(config: ModelConfig) -> tuple[tuple[str, int, int], ...]:
@@ -105,6 +105,81 @@ class CacheStep:
     start: int
     positions: torch.Tensor
     mask: torch.Tensor
+
+
+@dataclass
+class PackedCacheStep(CacheStep):
+    """The :class:`CacheStep` of a packed step: ``n`` sequences' new tokens end to end
+    (``T`` in all), no padded position. Made by a storage that serves packed steps
+    (:meth:`tokenflow.PagedKVCache.packed_step`); attention reads it through
+    :meth:`attend_each`.
+
+    The first ``num_decode`` sequences have one new token each (decode rows); the others are
+    prompt chunks. Their contexts (cached + new tokens, ``L_i``) are gathered in that order:
+    the decode rows as ``num_decode`` windows of ``decode_len`` slots (``L_i`` real tokens at
+    the right, masked slots before: one batched attention call reads them all, as a decode
+    kernel reads each row's block table up to its length), then each chunk's context end to
+    end (one attention call each).
+
+    Attributes:
+        positions: ``[1, T]`` int64 RoPE position of each new token (its index in its own
+            sequence); the model runs the ``T`` tokens as one row ``[1, T, H]``.
+        cu_seqlens_q: ``[n+1]`` int64, sequence ``i``'s new tokens are ``[cu_q[i], cu_q[i+1])``
+            of ``T``.
+        cu_seqlens_k: ``[n+1]`` int64, its gathered context is ``[cu_k[i], cu_k[i+1])``.
+        slot_mapping: ``[T]`` int64 pool slot each new token is written to.
+        context_slots: ``[cu_k[n]]`` int64 pool slot of every gathered context entry.
+        num_decode, decode_len: decode rows first, and the width of their windows.
+        masks: ``[num_decode, 1, 1, decode_len]`` for the decode rows (if any), then per
+            chunk ``[1, 1, S_i, L_i]`` (causal; :func:`attention_mask_for`).
+        rows: storage data computed once per step for every layer (the paged cache's pool
+            rows, :func:`tokenflow.serving.paged_kv_cache.pool_rows`).
+        (``start`` is 0 and ``mask`` None: the masks are per sequence.)
+    """
+
+    cu_seqlens_q: torch.Tensor = None
+    cu_seqlens_k: torch.Tensor = None
+    slot_mapping: torch.Tensor = None
+    context_slots: torch.Tensor = None
+    num_decode: int = 0
+    decode_len: int = 0
+    masks: list = field(default_factory=list)
+    rows: dict = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        """``T``: the positions this step computes (the sum of its sequences' new tokens)."""
+        return self.positions.shape[1]
+
+    def _cu_lists(self) -> tuple[list[int], list[int]]:
+        """``cu_seqlens_q`` and ``cu_seqlens_k`` as Python lists (read once per step)."""
+        if "cu" not in self.rows:
+            self.rows["cu"] = (self.cu_seqlens_q.tolist(), self.cu_seqlens_k.tolist())
+        return self.rows["cu"]
+
+    def attend_each(self, attend, queries: tuple, entries: tuple) -> torch.Tensor:
+        """Attention where each sequence's queries see only its own context.
+
+        Args:
+            attend: ``attend(*q, *e, mask) -> [B, heads, S, dim]``, the layer's attention
+                on a batch of ``B`` sequences (``q [B, heads, S, .]``, ``e [B, heads, L, .]``).
+            queries: tensors ``[1, heads, T, .]`` (new tokens end to end).
+            entries: tensors ``[1, heads, cu_k[n], .]`` (from ``update``).
+
+        Returns:
+            ``[1, heads, T, dim]``: the sequences' outputs, end to end again.
+        """
+        out, n, L = [], self.num_decode, self.decode_len
+        if n:                                   # decode rows: [n, heads, 1 | L, .], one call
+            q_d = [q[:, :, :n].transpose(0, 2) for q in queries]              # [n, h, 1, .]
+            e_d = [e[0, :, :n * L].unflatten(1, (n, L)).transpose(0, 1) for e in entries]
+            out.append(attend(*q_d, *e_d, self.masks[0]).transpose(0, 2))     # [1, h, n, dim]
+        cu_q, cu_k = self._cu_lists()
+        for i, mask in zip(range(n, len(cu_q) - 1), self.masks[1 if n else 0:]):
+            q_i = [q[:, :, cu_q[i]:cu_q[i + 1]] for q in queries]          # [1, h, S_i, .]
+            e_i = [e[:, :, cu_k[i]:cu_k[i + 1]] for e in entries]          # [1, h, L_i, .]
+            out.append(attend(*q_i, *e_i, mask))                           # [1, h, S_i, dim]
+        return torch.cat(out, dim=2) if len(out) > 1 else out[0]           # [1, h, T, dim]
 
 
 def uncached_step(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> CacheStep:

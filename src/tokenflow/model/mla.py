@@ -28,7 +28,7 @@ from torch import nn
 
 from .attention import _sdpa, _hides_no_key
 from .config import ModelConfig
-from .kv_cache import CacheStep
+from .kv_cache import CacheStep, PackedCacheStep
 from .norm import RMSNorm
 from .rope import apply_rope, yarn_softmax_scale
 
@@ -132,6 +132,14 @@ class MLAttention(nn.Module):
         ctx = weights @ latent                                            # [B, nh, S, r]
         return torch.einsum("bhsr,hvr->bhsv", ctx, w_uv), weights         # [B, nh, S, dv]
 
+    def attend(self, q_nope, q_rope, latent, k_rope, mask, keep_weights=False):
+        """The form :attr:`absorb` picks (by default absorbed for one query per sequence,
+        ``S == 1``, naive otherwise). Returns ``(heads [B,nh,S,dv], weights or None)``."""
+        absorb = self.absorb if self.absorb is not None else q_nope.shape[2] == 1
+        if absorb:
+            return self.attend_absorbed(q_nope, q_rope, latent, k_rope, mask)
+        return self.attend_naive(q_nope, q_rope, latent, k_rope, mask, keep_weights)
+
     # ------------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 step: CacheStep, kv_cache=None, trace=None) -> torch.Tensor:
@@ -162,10 +170,12 @@ class MLAttention(nn.Module):
                                   f"{step.start}..{step.start + S - 1}")
         keep = trace is not None and trace.keep_tensors
         absorb = self.absorb if self.absorb is not None else S == 1
-        if absorb:
-            heads, weights = self.attend_absorbed(q_nope, q_rope, latent, k_rope, step.mask)
+        if isinstance(step, PackedCacheStep):   # sequences end to end: each its own context
+            heads = step.attend_each(lambda *a: self.attend(*a)[0], (q_nope, q_rope),
+                                     (latent, k_rope))                    # [1, nh, T, dv]
+            weights = None
         else:
-            heads, weights = self.attend_naive(q_nope, q_rope, latent, k_rope, step.mask, keep)
+            heads, weights = self.attend(q_nope, q_rope, latent, k_rope, step.mask, keep)
         if keep:
             trace.attention_weights[self.layer_idx] = weights.detach()
         out = self.o_proj(heads.transpose(1, 2).reshape(B, S, self.n_heads * self.dv))

@@ -7,6 +7,11 @@ One forward pass, in the seed's arrow actions::
                        hidden += FFN or MoE(RMSNorm(hidden))   (route top-k, dispatch/combine)
     RMSNorm(hidden) --project vocab--> logits [B,S,V]
 
+A serving step runs :meth:`TokenFlowModel.forward_packed` instead: the new tokens of several
+sequences end to end, ``input_ids [T]``, as one row ``[1, T, H]`` through the same blocks
+(attention keeps each sequence to its own context; see
+:mod:`tokenflow.serving.paged_kv_cache`).
+
 The math is Llama's (``LlamaForCausalLM``) with a Mixtral / DeepSeek-style MoE feed-forward,
 so weights map one-to-one onto Hugging Face modules (see ``tokenflow.interop``).
 """
@@ -18,7 +23,7 @@ from torch import nn
 from .attention import Attention
 from .config import ModelConfig
 from .ffn import FFN
-from .kv_cache import CacheStorage, KVCache, uncached_step
+from .kv_cache import CacheStorage, KVCache, PackedCacheStep, uncached_step
 from .mla import MLAttention
 from .moe import MoE
 from .norm import RMSNorm
@@ -198,6 +203,60 @@ class TokenFlowModel(nn.Module):
                          note=f"[H] -> [V]: one score per vocabulary entry "
                               f"({self.config.vocab_size:,})")
         return logits
+
+    def forward_packed(self, input_ids: torch.Tensor, step: PackedCacheStep,
+                       kv_cache: CacheStorage, logits_indices: torch.Tensor) -> torch.Tensor:
+        """Run one packed serving step: ``T`` new tokens of ``n`` sequences, end to end.
+
+        The tokens go through the blocks as one row, ``[1, T, H]``: the embedding, every
+        projection, the MoE and the norms see ``T`` tokens and nothing else (no padding).
+        Attention writes the new entries at ``step.slot_mapping`` and lets each sequence's
+        queries read only its own context (:meth:`PackedCacheStep.attend_each`). The LM head
+        runs only on the rows that sample.
+
+        Args:
+            input_ids: ``[T]`` int64 token ids in ``[0, vocab_size)``.
+            step: the step's :class:`~tokenflow.model.kv_cache.PackedCacheStep`
+                (``kv_cache.packed_step(...)``) with ``T`` positions.
+            kv_cache: the storage the step was made by (a
+                :class:`~tokenflow.serving.paged_kv_cache.PagedKVCache`).
+            logits_indices: ``[N]`` int64, which of the ``T`` positions need logits (the last
+                token of each sequence that samples).
+
+        Returns:
+            logits ``[N, V]`` float.
+
+        Raises:
+            TypeError: ``step`` not a packed step, ``kv_cache`` not a cache storage, ids not
+                an integer tensor.
+            ValueError: ids not ``[T]`` or outside ``[0, vocab_size)``; a position at or past
+                ``max_position_embeddings``; a cache of another model, dtype or device.
+        """
+        if not isinstance(step, PackedCacheStep) or not isinstance(kv_cache, CacheStorage):
+            raise TypeError("forward_packed needs a PackedCacheStep and the cache storage "
+                            "that made it (e.g. PagedKVCache.packed_step(...))")
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int64,
+                                                                              torch.int32):
+            raise TypeError(f"input_ids must be an integer tensor (int64), got "
+                            f"{getattr(input_ids, 'dtype', type(input_ids).__name__)}")
+        if input_ids.dim() != 1 or input_ids.shape[0] != step.num_tokens:
+            raise ValueError(f"input_ids must have shape [T={step.num_tokens}], got "
+                             f"{list(input_ids.shape)}")
+        lo, hi = (int(t) for t in torch.aminmax(input_ids))
+        if lo < 0 or hi >= self.config.vocab_size:
+            raise ValueError(f"input_ids must be in [0, vocab_size={self.config.vocab_size}), "
+                             f"found token id {lo if lo < 0 else hi}")
+        if int(step.positions.max()) >= self.config.max_position_embeddings:
+            raise ValueError(f"a sequence reaches position {int(step.positions.max())} >= "
+                             f"max_position_embeddings={self.config.max_position_embeddings}")
+        p = self.embed_tokens.weight
+        kv_cache.check_model(self.config, p.dtype, p.device)
+        cos, sin = self.rotary(step.positions)                              # [1, 1, T, D]
+        h = self.embed_tokens(input_ids)[None]                              # [1, T, H]
+        for layer in self.layers:
+            h = layer(h, cos, sin, step, kv_cache)                          # [1, T, H]
+        h = h[0, logits_indices]                                            # [N, H]
+        return self.lm_head(self.norm(h))                                   # [N, V]
 
     def num_parameters(self) -> int:
         """Number of distinct parameters (a tied LM head is counted once)."""

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from .block_manager import BlockManager
 from .request import Request, RequestOutput, RequestStatus, SamplingParams
-from .runner import ContiguousKVStorage, ModelRunner, PagedKVStorage
+from .runner import ContiguousKVStorage, ModelRunner, PaddedKVStorage, PagedKVStorage
 from .sampler import SampledToken
 from .scheduler import Scheduler
 
@@ -39,7 +39,9 @@ __all__ = ["LLMEngine", "StepRecord"]
 class StepRecord:
     """What one step did: ``prefill`` ``[(request_id, tokens)]`` (prompt chunks and
     recomputes), ``decode`` ``[request_id]`` (one token each), ``preempted`` ids,
-    ``num_tokens`` computed, ``seconds`` of wall time, ``num_free_blocks`` after it."""
+    ``num_tokens`` scheduled, ``seconds`` of wall time, ``num_free_blocks`` after it, and
+    ``num_positions`` the forward computed (= ``num_tokens`` on the packed paged storage;
+    the contiguous one adds recomputed prefix-cache hits)."""
 
     index: int
     prefill: list
@@ -48,6 +50,7 @@ class StepRecord:
     num_tokens: int
     seconds: float
     num_free_blocks: int
+    num_positions: int = 0
 
 
 class LLMEngine:
@@ -61,13 +64,16 @@ class LLMEngine:
         max_num_batched_tokens: token budget of one step (int >= 1); longer prompts are
             prefilled in chunks.
         enable_prefix_caching: reuse the blocks of a shared prompt prefix (bool).
-        batch_decode: run the chunks of a step as one batched forward (bool; the paged
-            storage batches prefill chunks and decode rows, the contiguous one decode rows).
+        batch_decode: run the chunks of a step as one packed forward (bool; default True;
+            False: one forward per chunk, for comparison; the contiguous storage always
+            runs one forward per chunk).
         static_batching: admit a new batch only when the running one has finished (bool;
             default False = continuous batching; see :class:`~.scheduler.Scheduler`).
         kv_storage: ``"paged"`` (default, :class:`~.runner.PagedKVStorage`: one block pool,
             prefix blocks shared) or ``"contiguous"`` (:class:`~.runner.ContiguousKVStorage`:
-            a cache per request, prefix hits recomputed).
+            a cache per request, prefix hits recomputed) or ``"padded"``
+            (:class:`~.runner.PaddedKVStorage`: the paged pool with the step before packing,
+            chunks left-padded into ``[B, S_max]``; for comparison).
 
     Attributes:
         scheduler, block_manager, runner: the three parts.
@@ -86,14 +92,16 @@ class LLMEngine:
                         ("batch_decode", batch_decode)):
             if not isinstance(v, bool):
                 raise ValueError(f"{name} must be a bool, got {v!r}")
-        if kv_storage not in ("paged", "contiguous"):
-            raise ValueError(f"kv_storage must be 'paged' or 'contiguous', got {kv_storage!r}")
+        if kv_storage not in ("paged", "padded", "contiguous"):
+            raise ValueError(f"kv_storage must be 'paged', 'padded' or 'contiguous', "
+                             f"got {kv_storage!r}")
         self.model = model
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,
                                    static_batching)
-        storage = PagedKVStorage(model, num_blocks, block_size, batch_decode) \
-            if kv_storage == "paged" else ContiguousKVStorage(model, batch_decode)
+        storage = ContiguousKVStorage(model) if kv_storage == "contiguous" else \
+            (PaddedKVStorage if kv_storage == "padded" else PagedKVStorage)(
+                model, num_blocks, block_size, batch_decode)
         self.runner = ModelRunner(model, block_size, storage)
         self.steps: list[StepRecord] = []
         self.outputs: dict[object, RequestOutput] = {}
@@ -340,7 +348,8 @@ class LLMEngine:
                 self._finish(req)
             self.steps.append(StepRecord(
                 len(self.steps), prefill, decode, [r.request_id for r in plan.preempted],
-                num_tokens, time.perf_counter() - t0, self.block_manager.num_free_blocks))
+                num_tokens, time.perf_counter() - t0, self.block_manager.num_free_blocks,
+                self.runner.num_positions))
         new, self._new_outputs = self._new_outputs, []
         return new
 

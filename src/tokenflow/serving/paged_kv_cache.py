@@ -28,6 +28,19 @@ pool viewed as rows of ``dim`` values, :func:`pool_rows`). The gather copies the
 per layer; real engines read the blocks inside the attention kernel instead (vLLM's
 paged-attention kernel, FlashInfer). Here readability wins: no custom kernel.
 
+**A packed step** ([F13], what the serving engine runs; nano-vllm's ``prepare_prefill`` /
+``prepare_decode``, vLLM's flattened batch). No row is padded: the ``n`` sequences' new
+tokens lie end to end, ``input_ids [T]`` with ``T = sum(num_new)``.
+:meth:`PagedKVCache.packed_step` turns the block tables and counts into a
+:class:`~tokenflow.model.kv_cache.PackedCacheStep`: ``positions [T]``, ``slot_mapping [T]``
+(where each new token is written), ``cu_seqlens_q [n+1]`` (where each sequence's new tokens
+start in ``T``) and ``cu_seqlens_k [n+1]`` (where its context, cached + new, starts in the
+gathered entries). ``update`` writes the ``T`` new entries and gathers the contexts,
+``[1, heads, cu_k[n], dim]``; attention then keeps each sequence to its own slice
+(``PackedCacheStep.attend_each``): the decode rows in one batched call (each reads a window
+as wide as the longest decode context, the unused slots masked: wasted keys, never a wasted
+position), each prompt chunk in a call of its own.
+
 Bytes per token (all layers) are the contiguous cache's; ``bytes_per_token()`` measured from
 the pools equals :func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token` (tested).
 """
@@ -38,7 +51,8 @@ from dataclasses import dataclass, field
 import torch
 
 from tokenflow.model.config import ModelConfig
-from tokenflow.model.kv_cache import CacheStep, CacheStorage, attention_mask_for, cache_entries
+from tokenflow.model.kv_cache import (CacheStep, CacheStorage, PackedCacheStep,
+                                      attention_mask_for, cache_entries)
 
 __all__ = ["PagedCacheStep", "PagedKVCache", "pool_rows"]
 
@@ -127,6 +141,16 @@ class PagedKVCache(CacheStorage):
             ValueError: lists of different lengths, counts out of range, a block table too
                 short or a block id outside ``[0, num_blocks)``.
         """
+        self._check_batch(block_tables, num_cached, num_new)
+        B = len(block_tables)
+        self._tables = self._table_tensor(block_tables)                 # [B, blocks]
+        self.num_real = torch.tensor(num_cached, device=self.device)   # [B]
+        self._num_new = torch.tensor(num_new, device=self.device)      # [B]
+        self.batch_size = B
+        self.length = max(c + n for c, n in zip(num_cached, num_new)) - max(num_new)
+
+    def _check_batch(self, block_tables, num_cached, num_new) -> None:
+        """Raise ``ValueError`` unless the lists describe a batch this pool can hold."""
         B = len(block_tables)
         if B < 1 or len(num_cached) != B or len(num_new) != B:
             raise ValueError(f"block_tables, num_cached and num_new must have the same length "
@@ -139,13 +163,60 @@ class PagedKVCache(CacheStorage):
             if len(table) < need or any(not 0 <= i < self.num_blocks for i in table[:need]):
                 raise ValueError(f"block_tables[{b}] must hold {need} block ids in [0, "
                                  f"num_blocks={self.num_blocks}), got {table}")
+
+    def packed_step(self, block_tables: list[list[int]], num_cached: list[int],
+                    num_new: list[int]) -> PackedCacheStep:
+        """Describe a packed step (see the module docstring): sequence ``i`` has
+        ``num_cached[i]`` tokens in its blocks and ``num_new[i]`` new ones, which come end
+        to end in ``input_ids [T]``. Pass the result to ``model.forward_packed``. The leading
+        sequences with one new token are attended as one batch (put decode rows first).
+
+        Args and errors: as :meth:`prepare`.
+
+        Returns:
+            a :class:`PackedCacheStep` with ``T = sum(num_new)`` new tokens.
+        """
+        self._check_batch(block_tables, num_cached, num_new)
+        dev, bs, n = self.device, self.block_size, len(num_new)
+        n_dec = next((i for i, m in enumerate(num_new) if m != 1), n)      # decode rows
+        total = [c + m for c, m in zip(num_cached, num_new)]               # L_i
+        width = max(total[:n_dec], default=0)                              # decode_len
+        lengths = [width] * n_dec + total[n_dec:]          # gathered entries per sequence
+        cu_q, cu_k = [0], [0]
+        for m, L in zip(num_new, lengths):
+            cu_q.append(cu_q[-1] + m)
+            cu_k.append(cu_k[-1] + L)
+        # each gathered entry: its sequence and its token index there; decode windows are
+        # right-aligned, their first width - L_i entries are masked (token < 0)
+        seq = torch.arange(n, device=dev).repeat_interleave(torch.tensor(lengths, device=dev))
+        first = torch.tensor([k + (L - t) for k, L, t in zip(cu_k, lengths, total)],
+                             device=dev)                                   # [n] token 0 at
+        token = torch.arange(cu_k[-1], device=dev) - first[seq]           # [cu_k[n]]
+        valid = token >= 0
+        token = token.clamp(min=0)
+        slots = self._table_tensor(block_tables)[seq, token // bs] * bs + token % bs
+        start = torch.tensor(num_cached, device=dev)[seq]                  # first new token
+        is_new = valid & (token >= start)                                  # [cu_k[n]]
+        masks = [attention_mask_for(valid[:n_dec * width].view(n_dec, width), width - 1, 1)
+                 ] if n_dec else []                                        # [n_dec,1,1,width]
+        masks += [attention_mask_for(torch.ones(1, L, dtype=torch.bool, device=dev), c, m)
+                  for c, m, L in zip(num_cached[n_dec:], num_new[n_dec:], total[n_dec:])]
+        step = PackedCacheStep(0, token[is_new][None], None,
+                               cu_seqlens_q=torch.tensor(cu_q, device=dev),
+                               cu_seqlens_k=torch.tensor(cu_k, device=dev),
+                               slot_mapping=slots[is_new], context_slots=slots,
+                               num_decode=n_dec, decode_len=width, masks=masks)
+        for heads in {h for _, h, _ in self.entries}:
+            read = pool_rows(slots, heads, bs).T                            # [heads, cu_k[n]]
+            write = pool_rows(step.slot_mapping, heads, bs)                 # [T, heads]
+            step.rows[heads] = (read.reshape(-1), write.reshape(-1))
+        return step
+
+    def _table_tensor(self, block_tables: list[list[int]]) -> torch.Tensor:
+        """The block tables as one ``[n, max blocks]`` tensor (short ones padded with 0)."""
         width = max(len(t) for t in block_tables)
-        self._tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables],
-                                    device=self.device)                 # [B, blocks]
-        self.num_real = torch.tensor(num_cached, device=self.device)   # [B]
-        self._num_new = torch.tensor(num_new, device=self.device)      # [B]
-        self.batch_size = B
-        self.length = max(c + n for c, n in zip(num_cached, num_new)) - max(num_new)
+        return torch.tensor([t + [0] * (width - len(t)) for t in block_tables],
+                            device=self.device)
 
     # ---------------------------------------------------------------- the interface
     def begin_step(self, attention_mask: torch.Tensor | None, batch_size: int, S: int
@@ -187,7 +258,11 @@ class PagedKVCache(CacheStorage):
     def update(self, layer_idx: int, step: PagedCacheStep, *new: torch.Tensor
                ) -> tuple[torch.Tensor, ...]:
         """See :meth:`CacheStorage.update`: write the real new tokens to
-        ``step.slot_mapping``, then gather every row's ``L`` slots (``step.slots``)."""
+        ``step.slot_mapping``, then gather every row's ``L`` slots (``step.slots``).
+        A :class:`PackedCacheStep`: write the ``T`` new tokens (``new`` are ``[1, heads, T,
+        dim]``), return the gathered contexts, ``[1, heads, cu_seqlens_k[-1], dim]``."""
+        if isinstance(step, PackedCacheStep):
+            return self._update_packed(layer_idx, step, new)
         B, L = step.slots.shape
         out = []
         for pool, x in zip(self.layers[layer_idx], new):
@@ -196,6 +271,16 @@ class PagedKVCache(CacheStorage):
             flat = pool.view(-1, dim)                        # [num_blocks*heads*bs, dim]
             flat.index_copy_(0, write, x.transpose(1, 2)[step.is_new].reshape(-1, dim))
             out.append(flat.index_select(0, read).view(B, heads, L, dim))  # [B, heads, L, dim]
+        return tuple(out)
+
+    def _update_packed(self, layer_idx: int, step: PackedCacheStep, new) -> tuple:
+        out = []
+        for pool, x in zip(self.layers[layer_idx], new):
+            _, heads, _, dim = pool.shape
+            read, write = step.rows[heads]
+            flat = pool.view(-1, dim)                        # [num_blocks*heads*bs, dim]
+            flat.index_copy_(0, write, x[0].transpose(0, 1).reshape(-1, dim))   # [T*heads, dim]
+            out.append(flat.index_select(0, read).view(1, heads, -1, dim))  # [1, h, cu_k[n], dim]
         return tuple(out)
 
     def read(self, layer_idx: int, stop: int) -> tuple[torch.Tensor, ...]:

@@ -13,6 +13,7 @@ is split by topic, one module per chapter theme:
 ``moe``            chapter 03: routing, dispatch / combine, expert load, all-to-all
 ``sampling``       chapter 04: vocabulary scores, temperature, top-k / top-p
 ``serving``        chapter 05: phases, batching, the engine timeline
+``packing``        chapter 05: one engine step padded vs packed, preemptions marked
 ``lens``           chapter 06: the logit lens
 ``trace_tables``   chapters 00 and 06: trace events as tables
 ``roofline``       chapter 07: lenses and the roofline
@@ -44,6 +45,7 @@ from .serving import (phase_times_plot, decode_batch_plot, arithmetic_intensity_
                       serving_timeline, batch_composition_plot, batching_comparison_plot,
                       serving_counts, serving_panel, serving_explorer, timeline_table,
                       timeline_view, serving_summary_table, serving_static)
+from .packing import (step_layout, packed_step_figure, mark_preemptions)
 from .lens import (logit_lens_heatmap, logit_lens_topk, logit_lens_explorer, logit_lens_static,
                    logit_lens_by_depth)
 from .trace_tables import (decode_trace_summary, decode_trace_explorer, trace_table,
@@ -72,7 +74,8 @@ __all__ = ["display_width", "pad", "format_bytes", "say", "Table", "precomputed_
            "decode_batch_plot", "arithmetic_intensity_plot", "serving_timeline",
            "batch_composition_plot", "batching_comparison_plot", "serving_counts",
            "serving_panel", "serving_explorer", "timeline_table", "timeline_view",
-           "serving_summary_table", "serving_static", "logit_lens_heatmap", "logit_lens_topk",
+           "serving_summary_table", "serving_static", "step_layout", "packed_step_figure",
+           "mark_preemptions", "logit_lens_heatmap", "logit_lens_topk",
            "logit_lens_explorer", "logit_lens_static", "decode_trace_summary",
            "decode_trace_explorer", "trace_table", "TRACE_SHAPES_WHERE", "trace_shapes_table",
            "trace_shapes_static", "decode_trace_static", "lens_bars", "roofline_summary",
