@@ -79,14 +79,37 @@ def figure_characters(root: Path = ROOT) -> set[str]:
     return {c for c in text if c.isprintable() and c != " "} | {" "}
 
 
+def _theme_messages() -> str:
+    """The Chinese interface strings of Sphinx and the themes (search page, light / dark mode,
+    navigation, admonition titles): their zh_CN catalogs and Sphinx's zh_CN search script."""
+    import importlib.util
+    from babel.messages.mofile import read_mo
+    text = []
+    for package in ("sphinx", "sphinx_book_theme", "pydata_sphinx_theme"):
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.origin:
+            continue
+        base = Path(spec.origin).parent
+        for path in sorted(base.rglob("*")):
+            if "zh" not in path.parts and not any(p.startswith("zh_") for p in path.parts):
+                continue
+            if path.suffix in (".po", ".js"):
+                text.append(path.read_text(encoding="utf-8"))
+            elif path.suffix == ".mo" and not path.with_suffix(".po").exists():
+                with path.open("rb") as f:
+                    text.extend(str(m.string) for m in read_mo(f) if m.string)
+    return "".join(text)
+
+
 def web_characters(root: Path = ROOT) -> set[str]:
     """The CJK characters (:data:`WEB_RANGES`) the Chinese edition's pages can show: its
-    catalogs, the book's pages and the notebooks (whose code and outputs are not translated)."""
+    catalogs, the book's pages, the notebooks (whose code and outputs are not translated) and
+    the Chinese interface strings of Sphinx and the themes."""
     paths = sorted(glob.glob(str(root / "locale" / "zh_CN" / "**" / "*.po"), recursive=True))
     paths += sorted(glob.glob(str(root / "book" / "*.md")))
     paths += sorted(glob.glob(str(root / "notebooks" / "*.ipynb")))
     paths += [root / "_config.yml", root / "_toc.yml", root / "scripts" / "tokenflow_i18n.py"]
-    text = _text_of(p for p in paths if Path(p).exists())
+    text = _text_of(p for p in paths if Path(p).exists()) + _theme_messages()
     return {c for c in text if _in(WEB_RANGES, c)}
 
 
@@ -119,6 +142,7 @@ def _subset(font, chars: set[str]):
     sub = subset.Subsetter(opts)
     sub.populate(unicodes=sorted(ord(c) for c in chars))
     sub.subset(font)
+    font.recalcTimestamp = False      # keep the upstream dates: the same input, the same bytes
     return font
 
 

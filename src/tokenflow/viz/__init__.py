@@ -4,7 +4,8 @@ The chapters import what they show from here (``from tokenflow.viz import ...``)
 is split by topic, one module per chapter theme:
 
 =================  ===========================================================
-``fmt``            text helpers: :class:`Table`, :func:`say`, :func:`format_bytes`, widths
+``fmt``            text helpers: :class:`Table`, :func:`say`, :func:`format_bytes`, widths,
+                   :func:`agree` (agreement printed as a claim with its tolerance)
 ``static``         :func:`precomputed_explorer`: sliders that work without a kernel
 ``style``          notebook setup and the font every figure draws with
 ``diagram``        the token-flow diagram (Mermaid) and trace rows tied to its boxes
@@ -24,7 +25,7 @@ Layering (checked by ``tests/test_layering.py``): nothing outside this package i
 it imports the model, inference, serving, parallel and analysis code it draws. matplotlib
 and ipywidgets load with it.
 """
-from .fmt import (display_width, pad, format_bytes, say, Table)
+from .fmt import (display_width, pad, format_bytes, say, Table, agree, Agreement)
 from .static import (precomputed_explorer, PrecomputedExplorer, MAX_OUTPUTS, MAX_HTML_BYTES)
 from .style import (cjk_font, setup_notebook)
 from .diagram import (DIAGRAM_PATH, TRACE_NODE, Edge, Diagram, parse_mermaid, load_diagram,
@@ -55,7 +56,8 @@ from .roofline import (lens_bars, roofline_summary, roofline_bars, roofline_pane
                        roofline_explorer, roofline_table, roofline_static)
 from .recap import line_figure
 
-__all__ = ["display_width", "pad", "format_bytes", "say", "Table", "precomputed_explorer",
+__all__ = ["display_width", "pad", "format_bytes", "say", "Table", "agree", "Agreement",
+           "precomputed_explorer",
            "PrecomputedExplorer", "MAX_OUTPUTS", "MAX_HTML_BYTES", "cjk_font", "setup_notebook",
            "DIAGRAM_PATH", "TRACE_NODE", "Edge", "Diagram", "parse_mermaid", "load_diagram",
            "token_flow_diagram", "node_of", "diagram_trace_table", "trace_decode_step",
