@@ -222,20 +222,43 @@ def zh_html_dir(request, tmp_path_factory, worker_id):
 @pytest.fixture(scope="session")
 def browser():
     """Headless Chromium driven by Playwright, started once per test process and shared by
-    tests/test_browser.py and tests/test_browser_zh.py: Debian's ``chromium`` (or
-    $TOKENFLOW_CHROMIUM; ``playwright install`` is not needed). It resolves no host name but
+    tests/test_browser.py and tests/test_browser_zh.py: $TOKENFLOW_CHROMIUM, else ``chromium``
+    on PATH (Debian's), else Playwright's own Chromium (``python -m playwright install
+    chromium``), else the tests error with :data:`CHROMIUM_HELP` (``make test`` tries the
+    three ways first, see the Makefile's ``chromium`` target). It resolves no host name but
     127.0.0.1, so a page of the book cannot reach the network: the tests serve the book there
     and report any other request as blocked."""
+    from playwright.sync_api import sync_playwright
+    args = ["--no-sandbox", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
+    with sync_playwright() as p:
+        exe = find_chromium(p.chromium.executable_path)
+        if exe is None:
+            pytest.fail(CHROMIUM_HELP, pytrace=False)
+        b = p.chromium.launch(executable_path=exe, args=args)
+        yield b
+        b.close()
+
+
+CHROMIUM_HELP = (
+    "no Chromium for the browser tests (tests/test_browser.py, tests/test_browser_zh.py). "
+    "Any one of these provides it: (1) put a `chromium` on PATH (or set TOKENFLOW_CHROMIUM to "
+    "its path); (2) as root on Debian/Ubuntu: `apt-get install chromium`; (3) "
+    "`.venv/bin/python -m playwright install chromium` (downloads Playwright's own build). "
+    "`make test` tries 1, 2 (as root with apt-get) and 3 itself. To run the other tests "
+    "without a browser: add `-k 'not browser'`.")
+
+
+def find_chromium(playwright_executable: str | None = None) -> str | None:
+    """The Chromium the browser tests use: $TOKENFLOW_CHROMIUM if set (None if no such file),
+    else ``chromium`` on PATH, /usr/bin/chromium, then ``playwright_executable`` (Playwright's
+    own build, if installed); None if there is none."""
     import os
     import shutil
     from pathlib import Path
-
-    from playwright.sync_api import sync_playwright
-    exe = os.environ.get("TOKENFLOW_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-    assert Path(exe).exists(), ("Debian's chromium is needed for the browser test: "
-                                "apt-get install chromium (make test does this under CI as root)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=exe, args=[
-            "--no-sandbox", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"])
-        yield b
-        b.close()
+    if os.environ.get("TOKENFLOW_CHROMIUM"):            # the reader's choice, and only it
+        exe = os.environ["TOKENFLOW_CHROMIUM"]
+        return exe if Path(exe).is_file() else None
+    for exe in (shutil.which("chromium"), "/usr/bin/chromium", playwright_executable):
+        if exe and Path(exe).is_file():
+            return str(exe)
+    return None

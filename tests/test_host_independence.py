@@ -105,3 +105,23 @@ def test_nbval_kernels_run_with_a_perturbed_cpu_environment():
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_without_chromium_the_browser_tests_say_how_to_get_one(tmp_path):
+    """No Chromium anywhere: the browser fixture errors with one message naming the three ways
+    (PATH, apt-get as root, Playwright's own build), not with a bare AssertionError."""
+    import os
+    import subprocess
+    import sys
+    (tmp_path / "test_needs_browser.py").write_text("def test_b(browser):\n    pass\n")
+    env = dict(os.environ, TOKENFLOW_CHROMIUM=str(tmp_path / "no-such-chromium"),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "-p", "no:xdist", "-p", "conftest", str(tmp_path / "test_needs_browser.py"),
+                        "--rootdir", str(tmp_path)], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=180)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out[-2000:]
+    for way in ("chromium` on PATH", "apt-get install chromium", "playwright install chromium"):
+        assert way in out, out[-2000:]
+    assert "AssertionError" not in out, out[-2000:]
