@@ -76,7 +76,7 @@ def figure_characters(root: Path = ROOT) -> set[str]:
     tok = Tokenizer.from_file(str(src / "data" / "tokenizer.json"))
     text += "".join(tok.decode([i]) for i in range(tok.get_vocab_size()))
     text += "".join(tok.get_vocab())
-    return {c for c in text if c.isprintable() and c != " "} | {" "}
+    return {c for c in set(text) if c.isprintable()}
 
 
 def _theme_messages() -> str:
@@ -110,7 +110,7 @@ def web_characters(root: Path = ROOT) -> set[str]:
     paths += sorted(glob.glob(str(root / "notebooks" / "*.ipynb")))
     paths += [root / "_config.yml", root / "_toc.yml", root / "scripts" / "tokenflow_i18n.py"]
     text = _text_of(p for p in paths if Path(p).exists()) + _theme_messages()
-    return {c for c in text if _in(WEB_RANGES, c)}
+    return {c for c in set(text) if _in(WEB_RANGES, c)}
 
 
 def _noto_dir(given: str | None) -> Path:
