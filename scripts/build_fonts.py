@@ -9,6 +9,10 @@ Names) and both carrying the upstream copyright and licence in their ``name`` ta
   the tokenizer's vocabulary (decoded, and its byte-level alphabet), the notebooks (sources and
   stored outputs) and the package's source. TrueType outlines (converted from CFF with
   fontTools' cu2qu), so matplotlib can embed them in any backend.
+* ``src/tokenflow/data/fonts/TokenflowSansFallback-{Regular,Bold}.ttf``: the few characters
+  Noto Sans CJK lacks (most of Latin Extended-A, which byte-level BPE's alphabet uses, U+FFFD,
+  modifier letters), taken from the DejaVu Sans that matplotlib ships (Bitstream Vera licence,
+  DejaVu changes in the public domain: ``LICENSE_DEJAVU``); matplotlib falls back to it per glyph.
 * ``src/tokenflow/data/fonts/TokenflowCJK-zh.woff2``: the Chinese edition's web font, only the
   CJK glyphs its pages use (the zh catalogs, book pages, notebooks); ``scripts/tokenflow_i18n.py``
   serves it from the zh build (inline, so ``file://`` pages load it too).
@@ -33,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FONT_DIR = ROOT / "src" / "tokenflow" / "data" / "fonts"
 FAMILY = "Tokenflow Sans"            # the figures' font (matplotlib)
+FALLBACK_FAMILY = "Tokenflow Sans Fallback"   # glyphs Noto Sans CJK lacks, from DejaVu Sans
 WEB_FAMILY = "Tokenflow CJK"         # the Chinese edition's web font
 WEB_FONT = FONT_DIR / "TokenflowCJK-zh.woff2"
 SC_INDEX_NAME = "Noto Sans CJK SC"   # the face taken from the .ttc collection
@@ -76,7 +81,9 @@ def figure_characters(root: Path = ROOT) -> set[str]:
     tok = Tokenizer.from_file(str(src / "data" / "tokenizer.json"))
     text += "".join(tok.decode([i]) for i in range(tok.get_vocab_size()))
     text += "".join(tok.get_vocab())
-    return {c for c in set(text) if c.isprintable()}
+    # printable characters of the Basic Multilingual Plane (an emoji in a chapter's example text
+    # is printed, never drawn: a figure shows its byte-level pieces, U+FFFD)
+    return {c for c in set(text) if c.isprintable() and ord(c) <= 0xFFFF}
 
 
 def _theme_messages() -> str:
@@ -200,18 +207,50 @@ def _cff_to_glyf(font) -> None:
     font.recalcBBoxes = True
 
 
+def _rename_fallback(font, style: str) -> None:
+    """DejaVu subset: new names (the Bitstream Vera licence forbids "Bitstream" and "Vera" in a
+    modified font's names), its copyright and licence kept."""
+    name = font["name"]
+    ps = f"{FALLBACK_FAMILY.replace(' ', '')}-{style}"
+    full = f"{FALLBACK_FAMILY} {style}" if style != "Regular" else FALLBACK_FAMILY
+    for nid in (1, 2, 3, 4, 6, 16, 17, 21, 22):
+        name.removeNames(nameID=nid)
+    for nid, value in {1: FALLBACK_FAMILY, 2: style, 3: f"{ps};tokenflow subset", 4: full,
+                       6: ps, 10: "Subset of DejaVu Sans (as shipped with matplotlib) for the "
+                                  "tokenflow book, made by scripts/build_fonts.py"}.items():
+        name.setName(value, nid, 3, 1, 0x409)
+        name.setName(value, nid, 1, 0, 0)
+
+
 def build(noto_dir: Path, out_dir: Path = FONT_DIR) -> list[Path]:
-    """Write the figure fonts (Regular, Bold) and the web font into ``out_dir``."""
+    """Write the figure fonts (Regular, Bold), their DejaVu fallback and the web font into
+    ``out_dir``."""
+    import shutil
+
+    import matplotlib
+    from fontTools.ttLib import TTFont
     out_dir.mkdir(parents=True, exist_ok=True)
     figure = figure_characters() | {chr(c) for a, b in FIGURE_RANGES for c in range(a, b + 1)}
+    dejavu = Path(matplotlib.get_data_path(), "fonts", "ttf")
     written = []
     for style in ("Regular", "Bold"):
         font = _subset(_sc_face(noto_dir / f"NotoSansCJK-{style}.ttc"), figure)
+        covered = set(font.getBestCmap())
         _rename(font, FAMILY, style)
         _cff_to_glyf(font)
         path = out_dir / f"TokenflowSans-{style}.ttf"
         font.save(str(path))
         written.append(path)
+        rest = {c for c in figure if ord(c) not in covered}
+        src = dejavu / ("DejaVuSans.ttf" if style == "Regular" else "DejaVuSans-Bold.ttf")
+        fallback = TTFont(str(src))
+        rest = {c for c in rest if ord(c) in fallback.getBestCmap()}
+        fallback = _subset(fallback, rest | {" "})
+        _rename_fallback(fallback, style)
+        path = out_dir / f"TokenflowSansFallback-{style}.ttf"
+        fallback.save(str(path))
+        written.append(path)
+    shutil.copyfile(dejavu / "LICENSE_DEJAVU", out_dir / "LICENSE_DEJAVU")
     web = _subset(_sc_face(noto_dir / "NotoSansCJK-Regular.ttc"), web_characters())
     _rename(web, WEB_FAMILY, "Regular")
     web.flavor = "woff2"

@@ -34,16 +34,17 @@ def _build_fonts():
 @pytest.fixture(scope="module")
 def book_fonts():
     """The chapters' figure setup, then the bundled font files (resolved paths)."""
-    from tokenflow.plots import setup_notebook
+    from tokenflow.viz import setup_notebook
     from tokenflow.viz import fonts
     setup_notebook()
-    return {str((fonts.FONT_DIR / f).resolve()) for f in fonts.FONT_FILES}
+    return {str((fonts.FONT_DIR / f).resolve()) for f in fonts.FONT_FILES}  # 4 files
 
 
 def test_the_font_files_and_their_licence_ship_in_the_package():
     from fontTools.ttLib import TTFont
     from tokenflow.viz import fonts
     assert (fonts.FONT_DIR / "OFL.txt").read_text().count("SIL OPEN FONT LICENSE Version 1.1")
+    assert "Bitstream Vera" in (fonts.FONT_DIR / "LICENSE_DEJAVU").read_text()
     for weight, style in (("regular", "Regular"), ("bold", "Bold")):
         name = TTFont(str(fonts.font_path(weight)))["name"]
         assert name.getDebugName(1) == fonts.FAMILY and name.getDebugName(2) == style
@@ -60,6 +61,7 @@ def test_the_figure_font_covers_every_character_the_figures_can_draw():
     for weight in ("regular", "bold"):
         cmap = TTFont(str(fonts.font_path(weight)))["cmap"].getBestCmap()
         assert all(ord(c) in cmap for c in "→×≈αβ…·—"), "arrows, maths, Greek, punctuation"
+        cmap = {**cmap, **TTFont(str(fonts.font_path(weight, fallback=True)))["cmap"].getBestCmap()}
         missing = sorted(c for c in wanted if ord(c) not in cmap)
         assert not missing, f"{weight}: no glyph for {''.join(missing)!r}: rerun scripts/build_fonts.py"
 
@@ -95,7 +97,7 @@ def test_book_figures_open_only_the_bundled_font(book_fonts, monkeypatch):
     from matplotlib import font_manager
     from matplotlib.backends import backend_agg
 
-    from tokenflow.plots import hidden_state_heatmap, topk_bar
+    from tokenflow.viz import hidden_state_heatmap, topk_bar
 
     opened = set()
     real_get_font = font_manager.get_font
@@ -113,6 +115,7 @@ def test_book_figures_open_only_the_bundled_font(book_fonts, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")              # "Glyph ... missing from font(s)" fails
         figs = [hidden_state_heatmap(torch.randn(3, 8), ["北京", "中国", "首"], title="北京 hidden"),
+                topk_bar(["åĲ", "ĠĦ", "\ufffd"], [1.0, 2.0, 3.0]),   # byte-level pieces: fallback
                 topk_bar(["都", "府", "<eos>", " capital"], [9.0, 3.75, 3.63, 3.39])]
         fig, ax = plt.subplots()
         ax.set_title(r"$\alpha_t = \sum_j w_j$ 首都")
@@ -124,3 +127,4 @@ def test_book_figures_open_only_the_bundled_font(book_fonts, monkeypatch):
             plt.close(f)
     assert opened, "no font was opened: the recording hook missed the renderer"
     assert opened <= book_fonts, f"figures opened other fonts: {sorted(opened - book_fonts)}"
+    assert any("Fallback" in p for p in opened) and any("Fallback" not in p for p in opened)
