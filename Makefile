@@ -3,18 +3,29 @@
 #               and its Chinese edition -> _build/html/zh/index.html  (see "Chinese edition" below)
 #   make test   unit tests + nbval on every notebook + strict book build
 #   make lab    JupyterLab on notebooks/
-# A fresh machine needs Python 3.11, git, make and node/npm (npm only fetches the offline widget JS);
-# `make test` also needs Debian's chromium (installed by `make test` itself under CI as root).
+# A fresh machine needs Python 3.11, 3.12 or 3.13 (PYTHON=python3.12 picks one), git, make and
+# node/npm (npm only fetches the offline widget JS); `make test` also needs a Chromium, which it
+# finds or installs itself (target `chromium`).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 
-VENV    := .venv
+VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
-# python3.11 if it runs, else python3
+# Python 3.11, 3.12 or 3.13: `make test PYTHON=python3.12`. Default: python3.11 if it runs, else
+# python3. .venv is made with it and remade when it was made with another minor version.
 PYTHON  ?= $(shell for p in python3.11 python3; do if $$p -c 'import sys' >/dev/null 2>&1; then command -v $$p; break; fi; done)
+# A pyenv shim that is not active (pyenv: python3.12: command not found) resolves to the newest
+# installed pyenv version of that name.
+PYTHON_EXE := $(shell if $(PYTHON) -c '' >/dev/null 2>&1; then command -v $(PYTHON); \
+    elif command -v pyenv >/dev/null 2>&1; then \
+        v=$$(pyenv versions --bare 2>/dev/null | grep -E '^$(patsubst python%,%,$(notdir $(PYTHON)))(\.|$$)' | sort -V | tail -1); \
+        if [ -n "$$v" ]; then echo "$$(pyenv root)/versions/$$v/bin/$(notdir $(PYTHON))"; fi; fi)
+PYTHON_VERSION := $(shell $(PYTHON_EXE) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+SUPPORTED_PYTHONS := 3.11 3.12 3.13
+PY_STAMP := $(VENV)/.python-$(PYTHON_VERSION)
 WIDGET_JS := .widgets_js/extra/_static/tokenflow-widgets/VERSIONS.txt
 # torch's pin, read from requirements.txt; on Linux it comes from PyTorch's CPU wheel index (the
 # default index's Linux wheel is the CUDA build, several GB of nvidia packages).
@@ -36,15 +47,26 @@ help:
 # --- environment -----------------------------------------------------------------------------
 venv setup: $(STAMP)
 
-$(VPY):
-	@test -n "$(PYTHON)" || { echo "error: no python3.11 or python3 found" >&2; exit 1; }
-	$(PYTHON) -m venv $(VENV)
+# .venv/.python-3.X records the interpreter .venv was made with; another PYTHON remakes .venv.
+$(VPY): $(PY_STAMP)
+
+$(PY_STAMP):
+	@test -n "$(PYTHON_VERSION)" || { echo "error: no Python found (PYTHON=$(PYTHON)); install Python 3.11, 3.12 or 3.13, or pass PYTHON=python3.12" >&2; exit 1; }
+	@case " $(SUPPORTED_PYTHONS) " in *" $(PYTHON_VERSION) "*) ;; \
+	    *) echo "error: $(PYTHON) is Python $(PYTHON_VERSION); the book supports $(SUPPORTED_PYTHONS) (PYTHON=python3.12 picks one)" >&2; exit 1;; esac
+	@have=$$($(VPY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true); \
+	if [ -n "$$have" ] && [ "$$have" != "$(PYTHON_VERSION)" ]; then \
+	    echo "$(VENV) has Python $$have: remaking it with $(PYTHON_EXE) ($(PYTHON_VERSION))"; \
+	    rm -rf $(VENV); fi
+	rm -f $(VENV)/.python-*
+	if [ -x $(VPY) ] && [ -e $(STAMP) ]; then touch -r $(STAMP) $@; \
+	else $(PYTHON_EXE) -m venv $(VENV) && touch $@; fi
 
 # Re-install only when requirements.txt or pyproject.toml changed (torch is pinned there: torch==2.13.0).
 # torch first from the CPU index (--no-deps: its dependencies come with requirements.txt); where
 # that index is unreachable, fail within seconds (--timeout 5 --retries 0, overriding any
 # PIP_DEFAULT_TIMEOUT) and let requirements.txt take torch from the default index instead.
-$(STAMP): requirements.txt pyproject.toml | $(VPY)
+$(STAMP): requirements.txt pyproject.toml $(PY_STAMP) | $(VPY)
 	$(VPY) -m pip install --upgrade pip
 	if [ "$$(uname -s)" = Linux ]; then \
 	    $(VPY) -m pip install --no-deps --timeout 5 --retries 0 --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)" \
@@ -62,12 +84,21 @@ widget-js:
 	fi
 	bash scripts/fetch_widget_js.sh
 
-# Debian's chromium for tests/test_browser.py (Playwright drives it; no `playwright install`).
-chromium:
-	@if ! command -v chromium >/dev/null 2>&1 && [ "$${CI:-}" = "true" ] && [ "$$(id -u)" = 0 ]; then \
-	    echo "chromium not found: installing Debian's chromium (CI only)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
-	fi
+# A Chromium for tests/test_browser.py and test_browser_zh.py (Playwright drives it), found or
+# installed in this order: $TOKENFLOW_CHROMIUM or `chromium` on PATH; as root with apt-get,
+# Debian's chromium; Playwright's own build (python -m playwright install chromium, a download);
+# else the browser tests fail with one message naming these ways (tests/conftest.py).
+chromium: $(STAMP)
+	@if [ -n "$${TOKENFLOW_CHROMIUM:-}" ] || command -v chromium >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "chromium not found: installing Debian's chromium (apt-get, as root)"; \
+	    if apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; then exit 0; fi; \
+	    echo "apt-get install chromium failed"; \
+	fi; \
+	if $(VPY) -c 'import sys; from playwright.sync_api import sync_playwright; from pathlib import Path; p = sync_playwright().start(); ok = Path(p.chromium.executable_path).is_file(); p.stop(); sys.exit(0 if ok else 1)' 2>/dev/null; then exit 0; fi; \
+	echo "chromium not found: installing Playwright's Chromium ($(VPY) -m playwright install chromium)"; \
+	$(VPY) -m playwright install chromium \
+	    || echo "WARNING: no Chromium: the browser tests will fail; see tests/conftest.py CHROMIUM_HELP"
 
 book: $(STAMP) widget-js
 	$(VPY) scripts/bench_table.py --check || $(VPY) scripts/bench_table.py

@@ -11,13 +11,20 @@ extension adds what Sphinx's own translation step does not cover:
   priority 100) after Sphinx's ``Locale`` transform (priority 20), so their captions are
   translated here, from the root page's catalog, where the gettext builder extracts them;
 * per-edition config values that are not messages (``html_title``, the search box placeholder
-  ``html_theme_options.search_bar_text``), from ``tokenflow_editions`` in _config.yml.
+  ``html_theme_options.search_bar_text``), from ``tokenflow_editions`` in _config.yml;
+* the Chinese edition's web font: ``src/tokenflow/data/fonts/TokenflowCJK-zh.woff2`` (a subset
+  of Noto Sans CJK SC with only the glyphs the zh pages use, see scripts/build_fonts.py) is
+  copied to ``_static/fonts/`` and declared by ``_static/tokenflow-zh-font.css``, inline as a
+  ``data:`` URL (Chromium refuses web fonts from ``file://`` URLs), with a ``unicode-range`` of
+  CJK only: a browser without any Chinese font draws the characters, Latin keeps the theme's font.
 
 Loaded by _config.yml (``sphinx: local_extensions: {tokenflow_i18n: scripts/}``).
 """
 from __future__ import annotations
 
+import base64
 import html
+import shutil
 from pathlib import Path
 
 from sphinx import addnodes
@@ -29,6 +36,10 @@ TEMPLATES = str(Path(__file__).with_name("templates"))
 SWITCH_TEMPLATE = "tokenflow-language-switch.html"      # the links alone
 HEADER_END_TEMPLATE = "tokenflow-header-end.html"      # the links + the theme's buttons, one row
 BUTTONS_TEMPLATE = "article-header-buttons.html"       # sphinx-book-theme's header buttons
+WEB_FONT = Path("src", "tokenflow", "data", "fonts", "TokenflowCJK-zh.woff2")  # under srcdir
+WEB_FONT_CSS = "tokenflow-zh-font.css"
+WEB_FONT_FAMILY = "Tokenflow CJK"
+WEB_FONT_RANGE = "U+2E80-9FFF, U+F900-FAFF, U+FE30-FE4F, U+FF00-FFEF"   # as build_fonts.WEB_RANGES
 DEFAULT_EDITIONS = {
     "en": {"label": "English", "path": ""},
     "zh_CN": {"label": "中文", "path": "zh"},
@@ -118,9 +129,55 @@ class TranslateTocCaptions(SphinxTransform):
                 toctree["caption"] = catalog.gettext(toctree["caption"])
 
 
+def _web_font_source(app) -> Path:
+    path = Path(app.srcdir, WEB_FONT)
+    if not path.is_file():
+        raise FileNotFoundError(f"the Chinese edition's web font {path} is missing "
+                                "(scripts/build_fonts.py makes it)")
+    return path
+
+
+def web_font_css(woff2: bytes) -> str:
+    """The stylesheet that gives the Chinese edition its font: ``@font-face`` with the woff2
+    inline (and the copied file as a second source), first in the theme's text and heading
+    families and last in its monospace family, restricted to CJK code points."""
+    data = base64.b64encode(woff2).decode()
+    family = f'"{WEB_FONT_FAMILY}"'
+    return (f"/* {WEB_FONT_FAMILY}: subset of Noto Sans CJK SC, SIL Open Font License 1.1 "
+            f"(fonts/OFL.txt); scripts/build_fonts.py */\n"
+            f"@font-face {{ font-family: {family}; font-style: normal; font-weight: 400 700; "
+            f"font-display: swap; unicode-range: {WEB_FONT_RANGE};\n"
+            f"  src: url(data:font/woff2;base64,{data}) format(\"woff2\"),\n"
+            f"       url(fonts/{WEB_FONT.name}) format(\"woff2\"); }}\n"
+            f"html {{ --pst-font-family-base: {family}, var(--pst-font-family-base-system);\n"
+            f"  --pst-font-family-heading: {family}, var(--pst-font-family-base-system);\n"
+            f"  --pst-font-family-monospace: var(--pst-font-family-monospace-system), {family}; }}\n")
+
+
+def _add_web_font(app) -> None:
+    """builder-inited: the Chinese HTML edition links :data:`WEB_FONT_CSS` on every page."""
+    if _current(app.config) != "en" and app.builder.format == "html":
+        _web_font_source(app)
+        app.add_css_file(WEB_FONT_CSS)
+
+
+def _write_web_font(app, exception) -> None:
+    """build-finished: write the stylesheet and copy the font and its licence to _static/."""
+    if exception or _current(app.config) == "en" or app.builder.format != "html":
+        return
+    src = _web_font_source(app)
+    static = Path(app.outdir, "_static")
+    (static / "fonts").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, static / "fonts" / src.name)
+    shutil.copyfile(src.with_name("OFL.txt"), static / "fonts" / "OFL.txt")
+    (static / WEB_FONT_CSS).write_text(web_font_css(src.read_bytes()), encoding="utf-8")
+
+
 def setup(app):
     app.add_config_value("tokenflow_editions", DEFAULT_EDITIONS, "html", types=[dict])
     app.connect("config-inited", _apply_edition_config)
     app.connect("html-page-context", _add_switch)
     app.add_transform(TranslateTocCaptions)
+    app.connect("builder-inited", _add_web_font)
+    app.connect("build-finished", _write_web_font)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,6 +1,9 @@
 """Shared fixtures: the trained tiny model (loaded once), small random models, the two editions
 of the book (each built once per run, in parallel under pytest-xdist) and one headless Chromium
-per test process; and the order the files run in (longest first, see SLOW_FIRST)."""
+per test process; the order the files run in (longest first, see SLOW_FIRST); and the perturbed
+CPU environment of the notebook kernels that nbval starts (NBVAL_KERNEL_ENV)."""
+import os
+
 import pytest
 import torch
 
@@ -19,7 +22,36 @@ SLOW_FIRST = ("tests/test_browser_zh.py", "tests/test_browser.py", "tests/test_i
               "tests/test_book.py", "tests/test_nbval_sanitize.py", "tests/test_expert_parallel.py")
 
 
+# [P1] nbval re-runs every notebook in a kernel whose CPU code paths differ from the ones that
+# wrote the stored outputs: ATen's portable kernels instead of AVX2 / AVX-512 ones, one thread.
+# A stored output that depends on the host (last-bit rounding of a reduction, a timing that is
+# not tagged nbval-ignore-output) then fails here, on the machine that wrote it, and not first
+# on a reader's laptop. Notebooks print agreement as a claim (tokenflow.viz.agree) instead.
+NBVAL_KERNEL_ENV = {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1",
+                    "MKL_NUM_THREADS": "1"}
+
+
+def _perturb_nbval_kernels() -> None:
+    """Make nbval start its kernels with :data:`NBVAL_KERNEL_ENV` added to the environment
+    (nbval 0.11 starts each notebook's kernel through ``nbval.kernel.start_new_kernel``)."""
+    try:
+        import nbval.kernel as nbval_kernel
+    except ImportError:                       # nbval not installed: no notebooks to run
+        return
+    start = nbval_kernel.start_new_kernel
+    if getattr(start, "tokenflow_perturbed", False):
+        return
+
+    def start_perturbed(*args, **kwargs):
+        kwargs["env"] = {**os.environ, **kwargs.get("env", {}), **NBVAL_KERNEL_ENV}
+        return start(*args, **kwargs)
+
+    start_perturbed.tokenflow_perturbed = True
+    nbval_kernel.start_new_kernel = start_perturbed
+
+
 def pytest_configure(config):
+    _perturb_nbval_kernels()
     # xdist's loadfile/loadscope scheduler sends the files with the MOST tests first (unless
     # --no-loadscope-reorder): our longest files have one or two tests each, so it would start
     # them last. Keep the order set by pytest_collection_modifyitems below instead.
@@ -190,20 +222,43 @@ def zh_html_dir(request, tmp_path_factory, worker_id):
 @pytest.fixture(scope="session")
 def browser():
     """Headless Chromium driven by Playwright, started once per test process and shared by
-    tests/test_browser.py and tests/test_browser_zh.py: Debian's ``chromium`` (or
-    $TOKENFLOW_CHROMIUM; ``playwright install`` is not needed). It resolves no host name but
+    tests/test_browser.py and tests/test_browser_zh.py: $TOKENFLOW_CHROMIUM, else ``chromium``
+    on PATH (Debian's), else Playwright's own Chromium (``python -m playwright install
+    chromium``), else the tests error with :data:`CHROMIUM_HELP` (``make test`` tries the
+    three ways first, see the Makefile's ``chromium`` target). It resolves no host name but
     127.0.0.1, so a page of the book cannot reach the network: the tests serve the book there
     and report any other request as blocked."""
+    from playwright.sync_api import sync_playwright
+    args = ["--no-sandbox", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
+    with sync_playwright() as p:
+        exe = find_chromium(p.chromium.executable_path)
+        if exe is None:
+            pytest.fail(CHROMIUM_HELP, pytrace=False)
+        b = p.chromium.launch(executable_path=exe, args=args)
+        yield b
+        b.close()
+
+
+CHROMIUM_HELP = (
+    "no Chromium for the browser tests (tests/test_browser.py, tests/test_browser_zh.py). "
+    "Any one of these provides it: (1) put a `chromium` on PATH (or set TOKENFLOW_CHROMIUM to "
+    "its path); (2) as root on Debian/Ubuntu: `apt-get install chromium`; (3) "
+    "`.venv/bin/python -m playwright install chromium` (downloads Playwright's own build). "
+    "`make test` tries 1, 2 (as root with apt-get) and 3 itself. To run the other tests "
+    "without a browser: add `-k 'not browser'`.")
+
+
+def find_chromium(playwright_executable: str | None = None) -> str | None:
+    """The Chromium the browser tests use: $TOKENFLOW_CHROMIUM if set (None if no such file),
+    else ``chromium`` on PATH, /usr/bin/chromium, then ``playwright_executable`` (Playwright's
+    own build, if installed); None if there is none."""
     import os
     import shutil
     from pathlib import Path
-
-    from playwright.sync_api import sync_playwright
-    exe = os.environ.get("TOKENFLOW_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-    assert Path(exe).exists(), ("Debian's chromium is needed for the browser test: "
-                                "apt-get install chromium (make test does this under CI as root)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=exe, args=[
-            "--no-sandbox", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"])
-        yield b
-        b.close()
+    if os.environ.get("TOKENFLOW_CHROMIUM"):            # the reader's choice, and only it
+        exe = os.environ["TOKENFLOW_CHROMIUM"]
+        return exe if Path(exe).is_file() else None
+    for exe in (shutil.which("chromium"), "/usr/bin/chromium", playwright_executable):
+        if exe and Path(exe).is_file():
+            return str(exe)
+    return None

@@ -146,5 +146,6 @@ def test_module_entry_point_runs_without_warnings():
                         "--nproc", "2", "--tokens", "16"],
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "max |EP - single process| = 0" in r.stdout
+    # a claim with its tolerance, not digits: the sum order differs per rank (5.96e-08 on AVX2)
+    assert "EP vs single process: allclose(atol=1e-05): True" in r.stdout, r.stdout[-2000:]
     assert "Warning" not in r.stderr, r.stderr[-2000:]

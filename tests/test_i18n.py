@@ -272,6 +272,40 @@ def test_zh_toc_captions_follow_the_catalog(zh_html):
         assert re.search(rf'class="caption-text">{re.escape(want)}<', text), f"caption {part['caption']!r} -> {want!r}"
 
 
+def test_zh_pages_ship_their_web_font(zh_html):
+    """[P1] Every zh page links the stylesheet that declares the shipped CJK web font, the font
+    file and its licence are in the build, the stylesheet embeds exactly that font, and the font
+    has a glyph for every CJK character of every page's text (a browser without a Chinese
+    system font draws no boxes)."""
+    from fontTools.ttLib import TTFont
+    sys.path.insert(0, str(SCRIPTS))
+    import tokenflow_i18n
+    static = zh_html / "_static"
+    woff2 = static / "fonts" / tokenflow_i18n.WEB_FONT.name
+    assert woff2.is_file() and (static / "fonts" / "OFL.txt").is_file()
+    assert woff2.read_bytes() == (ROOT / tokenflow_i18n.WEB_FONT).read_bytes()
+    css = (static / tokenflow_i18n.WEB_FONT_CSS).read_text(encoding="utf-8")
+    assert css == tokenflow_i18n.web_font_css(woff2.read_bytes())
+    cmap = TTFont(str(woff2))["cmap"].getBestCmap()
+    cjk = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\ufe30-\ufe4f\uff00-\uffef]")
+    pages = sorted(p for p in zh_html.rglob("*.html") if "_static" not in p.parts)
+    assert len(pages) >= len(_toc_pages())
+    checked = 0
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        if '<link rel="stylesheet"' in text:          # not the root's redirect page
+            href = re.search(r'<link rel="stylesheet"[^>]*href="([^"]*tokenflow-zh-font\.css)'
+                             r'[^"]*"', text)
+            assert href, f"{page.relative_to(zh_html)}: no tokenflow-zh-font.css"
+            assert ((page.parent / href.group(1)).resolve()
+                    == (static / tokenflow_i18n.WEB_FONT_CSS).resolve())
+            checked += 1
+        missing = sorted({c for c in cjk.findall(text) if ord(c) not in cmap})
+        assert not missing, (f"{page.relative_to(zh_html)}: the web font lacks {''.join(missing)}: "
+                             "rerun scripts/build_fonts.py")
+    assert checked >= len(_toc_pages())
+
+
 # ---- found by planting bugs (review of F12)
 def test_compare_reports_an_obsolete_entry_as_orphaned(tmp_path):
     """A catalog whose only message is translated but which still carries one obsolete

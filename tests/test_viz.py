@@ -227,3 +227,30 @@ def test_say_wraps_by_display_width_under_the_first_word(capsys):
     assert capsys.readouterr().out == "x" * 30 + "\ny\n"
     with pytest.raises(ValueError, match="width"):
         say("a", width=19)
+
+
+# ---- agree: agreement printed as a claim with its tolerance [P1] ------------------------------
+def test_agree_prints_the_claim_not_the_noise():
+    import torch
+    from tokenflow.viz import agree
+    a = torch.ones(4)
+    for noise in (3.0e-7, 1.8e-7, 0.0):          # what different CPUs give: the same line
+        got = agree(a, a + noise, 1e-6, what="loop vs vectorised")
+        assert str(got) == repr(got) == "loop vs vectorised: equal within 1e-6: True"
+        assert got and got.max_abs_diff == pytest.approx(noise, abs=1e-7)
+    bad = agree([1.0, 2.0], [1.0, 2.5], 1e-6)
+    assert not bad and str(bad) == "equal within 1e-6: False (max |a - b| = 0.5)"
+    assert not agree(1.0, float("nan"), 1.0)
+    assert str(agree(1, 1, 2.5e-5)) == "equal within 2.5e-5: True"
+
+
+@pytest.mark.parametrize("args, err", [
+    (([1.0], [1.0, 2.0], 1e-6), ValueError),       # shapes differ
+    (([1.0], [1.0], -1.0), ValueError),            # negative tolerance
+    (([1.0], [1.0], float("nan")), ValueError),
+    ((["x"], [1.0], 1e-6), TypeError),             # not numeric
+])
+def test_agree_rejects_bad_input(args, err):
+    from tokenflow.viz import agree
+    with pytest.raises(err):
+        agree(*args)

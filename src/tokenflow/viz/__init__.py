@@ -4,9 +4,11 @@ The chapters import what they show from here (``from tokenflow.viz import ...``)
 is split by topic, one module per chapter theme:
 
 =================  ===========================================================
-``fmt``            text helpers: :class:`Table`, :func:`say`, :func:`format_bytes`, widths
+``fmt``            text helpers: :class:`Table`, :func:`say`, :func:`format_bytes`, widths,
+                   :func:`agree` (agreement printed as a claim with its tolerance)
 ``static``         :func:`precomputed_explorer`: sliders that work without a kernel
-``style``          notebook setup and the font every figure draws with
+``style``          notebook setup; registers the font every figure draws with (``fonts``)
+``fonts``          the bundled font (Noto Sans CJK SC subset, OFL) and its rcParams
 ``diagram``        the token-flow diagram (Mermaid) and trace rows tied to its boxes
 ``hidden``         chapter 01: hidden states, the residual stream, sizes
 ``attention``      chapter 02: attention weights, KV cache growth and size
@@ -24,9 +26,9 @@ Layering (checked by ``tests/test_layering.py``): nothing outside this package i
 it imports the model, inference, serving, parallel and analysis code it draws. matplotlib
 and ipywidgets load with it.
 """
-from .fmt import (display_width, pad, format_bytes, say, Table)
+from .fmt import (display_width, pad, format_bytes, say, Table, agree, Agreement)
 from .static import (precomputed_explorer, PrecomputedExplorer, MAX_OUTPUTS, MAX_HTML_BYTES)
-from .style import (cjk_font, setup_notebook)
+from .style import (setup_notebook, use_book_font)
 from .diagram import (DIAGRAM_PATH, TRACE_NODE, Edge, Diagram, parse_mermaid, load_diagram,
                       token_flow_diagram, node_of, diagram_trace_table, trace_decode_step)
 from .hidden import (topk_bar, hidden_state_heatmap, residual_stream_plot, shape_flow,
@@ -55,8 +57,9 @@ from .roofline import (lens_bars, roofline_summary, roofline_bars, roofline_pane
                        roofline_explorer, roofline_table, roofline_static)
 from .recap import line_figure
 
-__all__ = ["display_width", "pad", "format_bytes", "say", "Table", "precomputed_explorer",
-           "PrecomputedExplorer", "MAX_OUTPUTS", "MAX_HTML_BYTES", "cjk_font", "setup_notebook",
+__all__ = ["display_width", "pad", "format_bytes", "say", "Table", "agree", "Agreement",
+           "precomputed_explorer",
+           "PrecomputedExplorer", "MAX_OUTPUTS", "MAX_HTML_BYTES", "setup_notebook", "use_book_font",
            "DIAGRAM_PATH", "TRACE_NODE", "Edge", "Diagram", "parse_mermaid", "load_diagram",
            "token_flow_diagram", "node_of", "diagram_trace_table", "trace_decode_step",
            "topk_bar", "hidden_state_heatmap", "residual_stream_plot", "shape_flow",

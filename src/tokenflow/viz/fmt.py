@@ -1,5 +1,6 @@
 """Formatting helpers, in one place: display width of Chinese text, padding, byte sizes,
-wrapped sentences and tables that render as HTML in the book and as aligned text in a terminal.
+wrapped sentences, tables that render as HTML in the book and as aligned text in a terminal, and
+agreement claims (:func:`agree`: "equal within 1e-6: True" instead of last-bit digits).
 
 Nothing here imports torch or matplotlib, so any module may use it. The old names stay
 importable: ``tokenflow.viz.fmt.pad`` / ``display_width``, ``tokenflow.viz.fmt.format_bytes``,
@@ -12,7 +13,8 @@ import numbers
 import re
 import unicodedata
 
-__all__ = ["display_width", "pad", "format_bytes", "say", "Table"]
+__all__ = ["display_width", "pad", "format_bytes", "say", "Table", "agree", "Agreement",
+           "format_tolerance"]
 
 
 def display_width(text: str) -> int:
@@ -179,3 +181,81 @@ class Table:
 
     def __repr__(self) -> str:
         return self.to_text()
+
+
+# --------------------------------------------------------------------- agreement claims
+def format_tolerance(tol: float) -> str:
+    """A tolerance as the book prints it: ``1e-06 -> "1e-6"``, ``2.5e-05 -> "2.5e-5"``,
+    ``0.01 -> "0.01"``, ``0 -> "0"``.
+
+    Raises:
+        ValueError: if ``tol`` is negative, NaN or not a number.
+    """
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not tol >= 0:
+        raise ValueError(f"tol must be a number >= 0, got {tol!r}")
+    if tol == 0 or 1e-3 <= tol < 1e4:
+        return f"{tol:g}"
+    mantissa, exponent = f"{tol:.2e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def _as_float_array(x, name: str):
+    import numpy as np
+    if hasattr(x, "detach"):                    # a torch tensor, without importing torch
+        x = x.detach().cpu().double().numpy()
+    try:
+        return np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a number, a sequence of numbers, a numpy array or a "
+                        f"tensor, got {type(x).__name__}") from exc
+
+
+class Agreement:
+    """What :func:`agree` returns: the claim "``what``: equal within ``tol``: True/False".
+
+    Shows as that one line (``str``, ``repr``; a notebook cell ending with it prints it), is
+    truthy when the two agree (``assert agree(a, b, 1e-6)``), and keeps the measured
+    ``max_abs_diff`` for code, but prints it only when the claim fails: the digits of a
+    difference below the tolerance are rounding noise that changes with the CPU's instruction
+    set, the BLAS library and the thread count, so stored outputs never show them.
+    """
+
+    def __init__(self, max_abs_diff: float, tol: float, what: str | None = None):
+        self.max_abs_diff = float(max_abs_diff)
+        self.tol = float(tol)
+        self.what = what
+        self.ok = bool(self.max_abs_diff <= self.tol)   # NaN: False
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        head = f"{self.what}: " if self.what else ""
+        text = f"{head}equal within {format_tolerance(self.tol)}: {self.ok}"
+        if not self.ok:
+            text += f" (max |a - b| = {self.max_abs_diff:.2g})"
+        return text
+
+    __repr__ = __str__
+
+
+def agree(a, b, tol: float, *, what: str | None = None) -> Agreement:
+    """Whether ``a`` and ``b`` agree element-wise within the absolute tolerance ``tol``:
+    ``max |a - b| <= tol``, as an :class:`Agreement` that prints as the claim
+    (``"EP vs one process: equal within 1e-5: True"``) and is truthy when it holds.
+
+    The one way the book prints that two computations agree (a loop vs a vectorised MoE, a
+    cached vs a full forward, ...). ``a`` / ``b``: numbers, sequences, numpy arrays or torch
+    tensors of the same shape (any float dtype; compared in float64). NaN anywhere: False.
+
+    Raises:
+        ValueError: if ``tol`` is negative or NaN, or the shapes differ.
+        TypeError: if ``a`` or ``b`` is not numeric.
+    """
+    format_tolerance(tol)                               # validates tol
+    x, y = _as_float_array(a, "a"), _as_float_array(b, "b")
+    if x.shape != y.shape:
+        raise ValueError(f"a and b must have the same shape, got {x.shape} and {y.shape}")
+    import numpy as np
+    diff = float(np.max(np.abs(x - y))) if x.size else 0.0
+    return Agreement(diff, tol, what)

@@ -1,44 +1,36 @@
 """Figure setup shared by every chapter: the notebook defaults (seed, threads, inline format)
 and the font the figures draw with.
 
+The font is the one the book ships (:mod:`tokenflow.viz.fonts`: Noto Sans CJK SC subsets, Latin
+and Chinese alike), registered with matplotlib and made the only family when this module is
+imported, i.e. with ``import tokenflow.viz``: no figure looks at the system's fonts, so a
+chapter re-run on a machine without a Chinese font still shows 北京, and the figures' bytes do
+not depend on what the host has installed.
+
 Part of :mod:`tokenflow.viz`, the only package that draws; nothing below it imports it.
 """
 from __future__ import annotations
 
 import matplotlib
 
-__all__ = ["cjk_font", "setup_notebook"]
+from .fonts import use_book_font
 
+__all__ = ["setup_notebook", "use_book_font"]
 
-def cjk_font() -> str | None:
-    """Name of an installed font that can draw Chinese characters, or None.
-
-    Looks for common CJK fonts (Noto Sans CJK, WenQuanYi, SimHei...). Without one,
-    matplotlib draws Chinese labels as boxes; the chapters then also print the tokens.
-    """
-    from matplotlib import font_manager
-    wanted = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans SC", "WenQuanYi Zen Hei",
-              "WenQuanYi Micro Hei", "SimHei", "Microsoft YaHei", "PingFang SC",
-              "Source Han Sans SC", "AR PL UMing CN", "Droid Sans Fallback")
-    have = {f.name for f in font_manager.fontManager.ttflist}
-    for name in wanted:
-        if name in have:
-            return name
-    return None
+use_book_font()
 
 
 def setup_notebook(seed: int = 0, threads: int = 1) -> None:
     """Make a chapter deterministic and readable: seed torch, fix the thread count (so
-    floating-point sums run in the same order every time), set print precision and a
-    CJK-capable font if one is installed. Call it in each chapter's first code cell.
+    floating-point sums run in the same order every time), set print precision and the
+    book's bundled font (:func:`~tokenflow.viz.fonts.use_book_font`, again, in case a cell
+    reset matplotlib's rcParams). Call it in each chapter's first code cell.
     """
     import torch
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     torch.set_printoptions(precision=4, sci_mode=False)
-    font = cjk_font()
-    if font:
-        matplotlib.rcParams["font.sans-serif"] = [font] + matplotlib.rcParams["font.sans-serif"]
+    use_book_font()
     matplotlib.rcParams["axes.unicode_minus"] = False
     # Figures: PNG at 2x resolution shown at 120 px per inch, so matplotlib's 10 pt text is
     # ~17 px on the page (body size) and sharp on high-DPI screens. PNG, not SVG: nbval skips
@@ -46,8 +38,6 @@ def setup_notebook(seed: int = 0, threads: int = 1) -> None:
     matplotlib.rcParams["figure.dpi"] = 120
     matplotlib.rcParams["savefig.dpi"] = "figure"
     _inline_retina()
-    import warnings
-    warnings.filterwarnings("ignore", message="Glyph .* missing from font")
 
 
 def _inline_retina() -> None:
