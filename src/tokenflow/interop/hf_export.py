@@ -33,10 +33,13 @@ def _check_tokenizer(config, tokenizer: Tokenizer) -> None:
     if tokenizer.vocab_size > config.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's "
                          f"vocab_size is {config.vocab_size}")
-    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+    for name in ("pad_token_id", "bos_token_id"):
         if getattr(tokenizer, name) != getattr(config, name):
             raise ValueError(f"{name} differs: tokenizer {getattr(tokenizer, name)}, model "
                              f"config {getattr(config, name)}")
+    if tokenizer.eos_token_id not in config.eos_token_ids:      # one of several is fine
+        raise ValueError(f"eos_token_id differs: tokenizer {tokenizer.eos_token_id}, model "
+                         f"config {config.eos_token_id}")
 
 
 def _write_tokenizer(tokenizer: Tokenizer, folder: Path, max_len: int) -> None:
