@@ -9,9 +9,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-import tokenflow.checkpoint as checkpoint
+import tokenflow.interop.checkpoint as checkpoint
 from tokenflow import load_model, load_pretrained, save_model
-from tokenflow.checkpoint import DEFAULT_WEIGHTS
+from tokenflow.interop.checkpoint import DEFAULT_WEIGHTS
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tokenflow import ModelConfig, load_model, preset, save_model
-from tokenflow.generate import generate
+from tokenflow.inference.generate import generate
 from tokenflow.interop import to_hf_config
 
 transformers = pytest.importorskip("transformers")

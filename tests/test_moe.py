@@ -388,7 +388,7 @@ def test_aux_loss_same_with_left_padding_attention_mask(training_copy):
 
 
 def test_switch_balance_loss_mask_equals_dropping_the_rows():
-    from tokenflow.moe import switch_balance_loss
+    from tokenflow.model.moe import switch_balance_loss
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(12, 8, generator=g)
     indices = logits.topk(2, dim=-1).indices
@@ -420,7 +420,7 @@ def test_moe_token_mask_shape_is_checked():
 def test_train_masks_the_router_statistics_of_its_right_padding(monkeypatch, tmp_path):
     """tokenflow.train hands the MoE the real-token mask of its right-padded batch: every
     aux-loss call gets a mask, and the masks hold padding (0s)."""
-    import tokenflow.moe as moe_mod
+    import tokenflow.model.moe as moe_mod
     from tokenflow.train import train
     seen = []
     real_loss = moe_mod.switch_balance_loss

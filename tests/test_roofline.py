@@ -223,7 +223,7 @@ def test_prefill_flops_scale_with_batch(name):
 def test_roofline_memory_keeps_one_kv_head_per_device(nkv, tp):
     """With tp > num_key_value_heads each device still holds (and reads) one whole KV head
     (the heads are replicated, as vLLM does), so the KV bytes per device stop shrinking."""
-    from tokenflow.costmodel import forward_bytes, kv_cache_bytes
+    from tokenflow.analysis.costmodel import forward_bytes, kv_cache_bytes
     cfg = preset("tiny-dense", hidden_size=128, num_attention_heads=16,
                  num_key_value_heads=nkv, head_dim=8)
     per_head = 2 * cfg.head_dim * 2 * cfg.num_hidden_layers        # K+V, bf16, all layers

@@ -81,8 +81,7 @@ def test_hf_export_tokenizer_keeps_special_spelling_as_text(tmp_path, tok):
     """AutoTokenizer on the exported folder gives our ids for text spelling special tokens
     (tokenizer_config.json sets split_special_tokens), and the opt-in equals HF's default."""
     transformers = pytest.importorskip("transformers")
-    import tokenflow.interop  # noqa: F401  (imports hf_export; importing it first is circular)
-    from tokenflow.hf_export import _write_tokenizer
+    from tokenflow.interop.hf_export import _write_tokenizer
     _write_tokenizer(tok, tmp_path, 128)
     hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
     for text in TEXTS:

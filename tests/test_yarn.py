@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tokenflow import ModelConfig, interop
-from tokenflow.rope import rope_inv_freq, yarn_softmax_scale
+from tokenflow.model.rope import rope_inv_freq, yarn_softmax_scale
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
