@@ -111,6 +111,9 @@ def train_tokenizer(lines: list[str], vocab_size: int = 1024) -> "Tokenizer":
 class Tokenizer:
     """Thin wrapper over a ``tokenizers.Tokenizer`` with the calls the book uses.
 
+    It sets the wrapped tokenizer's ``encode_special_tokens = True`` (text spelling a special
+    token stays text; see :meth:`encode`), also for direct ``self.tok.encode`` calls.
+
     Attributes:
         vocab_size: V (including special tokens).
         pad_token_id, bos_token_id, eos_token_id, unk_token_id: special ids.
