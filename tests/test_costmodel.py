@@ -385,3 +385,37 @@ def test_node_arguments_are_honoured_and_the_a2a_table_reconciles():
         pytest.approx(lim["scale_out"] / 1e3)
     assert got[("EP144, 8 GPUs/node, at most 4 nodes", "both")] == pytest.approx(
         lim["total"] / 1e3)
+
+
+# ---- issue R2 item 10: the one-KV-head-per-device floor (tp > num_key_value_heads) ----
+@pytest.mark.parametrize("name, tp", [("Llama-3-8B", 16), ("Llama-3-8B", 32),
+                                      ("Llama-3-8B", 8), ("Llama-3-8B", 4)])
+def test_kv_cache_keeps_one_head_per_device_beyond_the_kv_heads(name, tp):
+    """Llama-3-8B has 8 KV heads: tp=16 or 32 still stores one whole head per device (each
+    head is replicated tp/8 times), the same bytes as tp=8; below 8 the heads split."""
+    c = reference_config(name)
+    nkv, D, L = c.num_key_value_heads, c.head_dim, c.num_hidden_layers
+    per_token = 2 * L * max(nkv // tp, 1) * D * 2
+    assert kv_cache_bytes(c, 2, 4096, tp_size=tp) == 2 * 4096 * per_token
+    if tp > nkv:
+        assert kv_cache_bytes(c, 2, 4096, tp_size=tp) == kv_cache_bytes(c, 2, 4096,
+                                                                         tp_size=nkv)
+    # max_batch_size divides by the floored per-sequence bytes (weights: free memory huge)
+    free = 1e15
+    assert max_batch_size(c, 4096, free / 0.9, tp_size=tp, ep_size=1) == int(
+        (free - weight_bytes_per_device(c, tp)["total"]) // (4096 * per_token))
+
+
+def test_mqa_and_sliding_layers_keep_the_floor():
+    mqa = preset("tiny-dense", num_key_value_heads=1)
+    one = kv_cache_bytes(mqa, 1, 32)
+    for tp in (2, 4):                                    # one K/V head: never split
+        assert kv_cache_bytes(mqa, 1, 32, tp_size=tp) == one
+    win = preset("tiny-dense", sliding_window=8, num_key_value_heads=2)
+    assert kv_cache_bytes(win, 1, 32, tp_size=4) == kv_cache_bytes(win, 1, 32, tp_size=2) \
+        == kv_cache_bytes(win, 1, 32) // 2 == 3 * 8 * 2 * 16 * 2
+    with pytest.raises(ValueError, match="tp_size"):
+        kv_cache_bytes(win, 1, 32, tp_size=3)            # neither divides the other
+    # MLA's latent is replicated on every device whatever tp
+    v3 = reference_config("DeepSeek-V3")
+    assert kv_cache_bytes(v3, 1, 100, tp_size=8) == kv_cache_bytes(v3, 1, 100)

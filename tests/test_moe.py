@@ -337,3 +337,107 @@ def test_moe_comm_formulas():
         moe_comm_bytes_per_token(preset("tiny-dense"))
     with pytest.raises(ValueError, match="bytes_per_element"):
         moe_a2a_bytes(1, 1, 1, 0)
+
+
+# ------------------------------------------------- issue R2 item 9: the aux loss skips padding
+def _aux_losses(model, ids, **kw):
+    model(ids, **kw)
+    return torch.stack([layer.mlp.aux_loss for layer in model.layers if layer.is_moe])
+
+
+@pytest.fixture(scope="module")
+def training_copy(pretrained):
+    import copy
+    model, tok = pretrained
+    return copy.deepcopy(model).train(), tok
+
+
+def test_aux_loss_same_with_right_padding(training_copy):
+    """A sentence alone and the same sentence with 20 right pads (as tokenflow.train pads)
+    give the same load-balancing loss in every MoE layer (was 2.60 vs 3.00)."""
+    model, tok = training_copy
+    ids = torch.tensor([tok.encode("北京是中国的首都。") + [tok.eos_token_id]])
+    padded = torch.cat([ids, torch.full((1, 20), tok.pad_token_id)], dim=1)
+    alone = _aux_losses(model, ids)
+    real = padded != tok.pad_token_id
+    torch.testing.assert_close(_aux_losses(model, padded, token_mask=real), alone)
+    # neighbour: a bool or 0/1 int mask, and two rows of different lengths in one batch
+    torch.testing.assert_close(_aux_losses(model, padded, token_mask=real.long()), alone)
+    short = tok.encode("东京") + [tok.eos_token_id]
+    two = torch.full((2, padded.shape[1]), tok.pad_token_id)
+    two[0, :ids.shape[1]] = ids[0]
+    two[1, :len(short)] = torch.tensor(short)
+    both = _aux_losses(model, torch.cat([ids, torch.tensor([short + [tok.pad_token_id] * (
+        ids.shape[1] - len(short))])]), token_mask=torch.tensor(
+            [[1] * ids.shape[1], [1] * len(short) + [0] * (ids.shape[1] - len(short))]))
+    torch.testing.assert_close(_aux_losses(model, two, token_mask=two != tok.pad_token_id),
+                               both)
+    # the unmasked loss does count the pads (the test would not see a dropped mask otherwise)
+    assert (_aux_losses(model, padded) - alone).abs().max() > 0.05
+
+
+def test_aux_loss_same_with_left_padding_attention_mask(training_copy):
+    """Left padding given as ``attention_mask`` (generate's layout) masks the router
+    statistics too, without a separate token_mask."""
+    model, tok = training_copy
+    ids = torch.tensor([tok.encode("北京是中国的首")])
+    padded = torch.cat([torch.full((1, 20), tok.pad_token_id), ids], dim=1)
+    mask = (torch.arange(padded.shape[1]) >= 20).long()[None]
+    torch.testing.assert_close(_aux_losses(model, padded, attention_mask=mask),
+                               _aux_losses(model, ids), atol=1e-5, rtol=1e-4)
+
+
+def test_switch_balance_loss_mask_equals_dropping_the_rows():
+    from tokenflow.model.moe import switch_balance_loss
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(12, 8, generator=g)
+    indices = logits.topk(2, dim=-1).indices
+    keep = torch.tensor([1, 1, 0, 1, 0, 0, 1, 1, 1, 0, 1, 1])
+    r = keep.bool()
+    torch.testing.assert_close(switch_balance_loss(logits, indices, 8, keep),
+                               switch_balance_loss(logits[r], indices[r], 8))
+    torch.testing.assert_close(switch_balance_loss(logits, indices, 8, torch.ones(12, dtype=int)),
+                               switch_balance_loss(logits, indices, 8))
+    with pytest.raises(ValueError, match="no real token"):
+        switch_balance_loss(logits, indices, 8, torch.zeros(12, dtype=torch.long))
+    with pytest.raises(ValueError, match="token_mask"):
+        switch_balance_loss(logits, indices, 8, keep.float())
+    with pytest.raises(ValueError, match="token_mask"):
+        switch_balance_loss(logits, indices, 8, keep * 2)
+    with pytest.raises(ValueError, match="token_mask"):
+        switch_balance_loss(logits, indices, 8, keep[:5])
+
+
+def test_moe_token_mask_shape_is_checked():
+    moe = make_moe().train()
+    x = torch.randn(2, 3, moe.gate.weight.shape[1])
+    with pytest.raises(ValueError, match=r"token_mask must be a \[B, S\] = \[2, 3\]"):
+        moe(x, token_mask=torch.ones(3, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="token_mask"):
+        moe(x, token_mask=[[1, 1, 1], [1, 1, 0]])
+
+
+def test_train_masks_the_router_statistics_of_its_right_padding(monkeypatch, tmp_path):
+    """tokenflow.train hands the MoE the real-token mask of its right-padded batch: every
+    aux-loss call gets a mask, and the masks hold padding (0s)."""
+    import tokenflow.model.moe as moe_mod
+    from tokenflow.train import train
+    seen = []
+    real_loss = moe_mod.switch_balance_loss
+
+    def spy(logits, indices, num_experts, token_mask=None):
+        seen.append(token_mask)
+        return real_loss(logits, indices, num_experts, token_mask)
+
+    monkeypatch.setattr(moe_mod, "switch_balance_loss", spy)
+    calls = []
+    orig_forward = moe_mod.MoE.forward
+
+    def forward(self, x, trace=None, token_mask=None):
+        calls.append(token_mask)
+        return orig_forward(self, x, trace, token_mask)
+
+    monkeypatch.setattr(moe_mod.MoE, "forward", forward)
+    train(steps=1, batch_size=8, out_dir=tmp_path, progress=False)
+    assert seen and all(m is not None for m in seen)
+    assert all(m is not None and not bool(m.all()) for m in calls)   # it has padding

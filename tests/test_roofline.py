@@ -180,3 +180,60 @@ def test_mla_decode_counts_the_absorbed_form_that_runs():
     assert 240 < per_kv_byte < 243 and per_kv_byte < ridge_point(hardware("H800"))
     p = forward_flops(ds, 1, 16)
     assert p["attention_scores"] == 16 * ds.num_hidden_layers * 2 * nh * 16 * (192 + 128)
+
+
+# ---- issue R2 item 10: kinds a planted bug got past ----------------------------------
+@pytest.mark.parametrize("B, S, past", [(3, 7, 0), (4, 1, 5), (2, 9, 4)])
+def test_lm_head_last_at_batch_above_one_matches_the_counter(B, S, past):
+    """``logits="last"`` computes one LM-head row per sequence (``B`` rows), as the model
+    does with ``logits_to_keep=1``: counted by torch at batch > 1, not only at batch 1."""
+    torch.manual_seed(0)
+    cfg = preset("tiny-dense")
+    model = TokenFlowModel(cfg).eval()
+    ids = torch.randint(3, cfg.vocab_size, (B, past + S))
+    cache = KVCache(cfg, B, past + S)
+    if past:
+        model(ids[:, :past], kv_cache=cache)
+    with torch.enable_grad(), FlopCounterMode(display=False) as fc:
+        model(ids[:, past:], kv_cache=cache, logits_to_keep=1)
+    last = forward_flops(cfg, B, S, past_len=past, logits="last")
+    every = forward_flops(cfg, B, S, past_len=past, logits="all")
+    assert last["total"] - last["attention_scores"] == fc.get_total_flops()
+    H, V = cfg.hidden_size, cfg.vocab_size
+    assert last["lm_head"] == B * 2 * H * V and every["lm_head"] == B * S * 2 * H * V
+    assert every["total"] - last["total"] == (S - 1) * B * 2 * H * V
+
+
+@pytest.mark.parametrize("name", ["tiny", "Llama-3-8B"])
+def test_prefill_flops_scale_with_batch(name):
+    """A prefill of B prompts is B prefills of one (each computes its own last logits)."""
+    cfg = preset(name) if name == "tiny" else reference_config(name)
+    one = forward_flops(cfg, 1, 64, logits="last")
+    for B in (2, 5):
+        many = forward_flops(cfg, B, 64, logits="last")
+        assert {k: many[k] for k in many} == {k: B * one[k] for k in one}
+        r1 = roofline(cfg, hardware("H100"), "prefill", 1, 64)
+        rB = roofline(cfg, hardware("H100"), "prefill", B, 64)
+        assert rB["flops"] == pytest.approx(B * r1["flops"], rel=1e-12)
+        assert r1["flops"] == pytest.approx(one["total"], rel=1e-12)
+
+
+@pytest.mark.parametrize("nkv, tp", [(1, 2), (1, 8), (2, 4), (2, 8), (8, 16), (4, 4),
+                                     (4, 2)])
+def test_roofline_memory_keeps_one_kv_head_per_device(nkv, tp):
+    """With tp > num_key_value_heads each device still holds (and reads) one whole KV head
+    (the heads are replicated, as vLLM does), so the KV bytes per device stop shrinking."""
+    from tokenflow.analysis.costmodel import forward_bytes, kv_cache_bytes
+    cfg = preset("tiny-dense", hidden_size=128, num_attention_heads=16,
+                 num_key_value_heads=nkv, head_dim=8)
+    per_head = 2 * cfg.head_dim * 2 * cfg.num_hidden_layers        # K+V, bf16, all layers
+    heads = max(nkv / tp, 1)
+    B, ctx = 3, 40
+    assert kv_cache_bytes(cfg, B, ctx, tp_size=tp) == B * ctx * heads * per_head
+    # the roofline's memory grows by exactly those bytes per extra cached token per sequence
+    hw = hardware("H100")
+    grow = (roofline(cfg, hw, "decode", B, ctx + 10, tp_size=tp)["memory_bytes"]
+            - roofline(cfg, hw, "decode", B, ctx, tp_size=tp)["memory_bytes"])
+    assert grow == pytest.approx(B * 10 * heads * per_head, rel=1e-9)
+    assert forward_bytes(cfg, 1, ctx + 9, B, tp_size=tp) - forward_bytes(
+        cfg, 1, ctx - 1, B, tp_size=tp) == pytest.approx(B * 10 * heads * per_head, rel=1e-9)

@@ -22,13 +22,19 @@ and :meth:`Tokenizer.tokens` return the decoded text, or ``<0xE5>``-style byte n
 Llama's byte fallback writes them) when a token holds only part of a character.
 
 Special tokens: ``<pad>`` (0), ``<bos>`` (1), ``<eos>`` (2), ``<unk>`` (3, kept for
-compatibility; a byte-level tokenizer never needs it).
+compatibility; a byte-level tokenizer never needs it). Text is always just text: ``encode``
+spells a string such as ``"<eos>"`` as its characters, so user text can never inject a
+control token and every string round-trips through ``decode``. A special token comes only
+from its id (``tok.eos_token_id``) or an explicit opt-in, ``encode(text,
+allowed_special=...)``, as tiktoken's ``allowed_special`` and transformers'
+``split_special_tokens`` do.
 """
 from __future__ import annotations
 
 import re
 from importlib import resources
 from pathlib import Path
+from typing import Iterable
 
 import torch
 from tokenizers import Regex, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
@@ -105,6 +111,9 @@ def train_tokenizer(lines: list[str], vocab_size: int = 1024) -> "Tokenizer":
 class Tokenizer:
     """Thin wrapper over a ``tokenizers.Tokenizer`` with the calls the book uses.
 
+    It sets the wrapped tokenizer's ``encode_special_tokens = True`` (text spelling a special
+    token stays text; see :meth:`encode`), also for direct ``self.tok.encode`` calls.
+
     Attributes:
         vocab_size: V (including special tokens).
         pad_token_id, bos_token_id, eos_token_id, unk_token_id: special ids.
@@ -112,6 +121,9 @@ class Tokenizer:
 
     def __init__(self, tok: HFTokenizer):
         self.tok = tok
+        # the added (special) tokens are never matched in text: "<eos>" is 5 characters
+        # (tokenizers' encode_special_tokens, what transformers' split_special_tokens sets)
+        tok.encode_special_tokens = True
         self.vocab_size = tok.get_vocab_size()
         self.pad_token_id, self.bos_token_id, self.eos_token_id, self.unk_token_id = (
             tok.token_to_id(t) for t in SPECIAL_TOKENS)
@@ -127,15 +139,55 @@ class Tokenizer:
         """Write ``tokenizer.json``."""
         self.tok.save(str(path))
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, allowed_special: str | Iterable[str] = ()) -> list[int]:
         """``text -> [S]`` token ids (no special tokens added).
 
+        Text that spells a special token (``"<eos>"``, ``"<pad>"``, ...) is encoded as its
+        characters, like any other text, so ``decode(encode(text)) == text`` for every str.
+
+        Args:
+            text: the text.
+            allowed_special: special tokens (from :data:`SPECIAL_TOKENS`) that, where their
+                exact spelling occurs in ``text``, become that special token's id; ``"all"``
+                for all of them. Default none (tiktoken's ``allowed_special``; transformers'
+                ``split_special_tokens=False`` is ``"all"``).
+
         Raises:
-            TypeError: if ``text`` is not a str.
+            TypeError: if ``text`` is not a str, or ``allowed_special`` is neither ``"all"``
+                nor a collection of str.
+            ValueError: if ``allowed_special`` names a string that is not a special token.
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return self.tok.encode(text, add_special_tokens=False).ids
+        allowed = self._allowed_special(allowed_special)
+        if not allowed:
+            return self.tok.encode(text, add_special_tokens=False).ids
+        ids: list[int] = []
+        pattern = "|".join(re.escape(t) for t in sorted(allowed, key=len, reverse=True))
+        for piece in re.split(f"({pattern})", text):  # odd pieces: the special tokens
+            if piece in allowed:
+                ids.append(self.tok.token_to_id(piece))
+            elif piece:
+                ids.extend(self.tok.encode(piece, add_special_tokens=False).ids)
+        return ids
+
+    @staticmethod
+    def _allowed_special(allowed_special) -> set[str]:
+        if isinstance(allowed_special, str):
+            if allowed_special != "all":
+                raise TypeError(f"allowed_special must be 'all' or a collection of special "
+                                f"tokens such as {{'<eos>'}}, got the str {allowed_special!r}")
+            return set(SPECIAL_TOKENS)
+        try:
+            allowed = set(allowed_special)
+        except TypeError:
+            raise TypeError(f"allowed_special must be 'all' or a collection of str, got "
+                            f"{type(allowed_special).__name__}") from None
+        bad = sorted(repr(t) for t in allowed if t not in SPECIAL_TOKENS)
+        if bad:
+            raise ValueError(f"allowed_special must name special tokens {SPECIAL_TOKENS}, "
+                             f"got {', '.join(bad)}")
+        return allowed
 
     def tokens(self, text: str) -> list[str]:
         """The text of each token of ``text`` (see :meth:`id_to_token`).

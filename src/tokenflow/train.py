@@ -4,7 +4,8 @@ Run ``python -m tokenflow.train`` (under a minute on one CPU core). It
 
 1. trains the byte-level BPE tokenizer on ``data/corpus.txt`` and writes ``data/tokenizer.json``;
 2. trains the ``tiny`` preset (next-token cross-entropy on each sentence + ``<eos>``, plus a
-   small Switch load-balancing loss for the MoE routers) with AdamW, seeded;
+   small Switch load-balancing loss for the MoE routers, both over real tokens only: the
+   right padding counts in neither) with AdamW, seeded;
 3. checks that greedy decoding continues 北京是中国的首 with 都, and writes
    ``data/tiny.safetensors``.
 
@@ -86,7 +87,8 @@ def train(steps: int = 400, batch_size: int = 64, lr: float = 3e-3, seed: int = 
     for _ in bar:
         rows = torch.randint(0, ids.shape[0], (batch_size,), generator=gen)
         x, m = ids[rows], loss_mask[rows]
-        logits = model(x)                                               # [b, L, V]
+        real = x != tok.pad_token_id             # [b, L] the router statistics skip padding
+        logits = model(x, token_mask=real)                              # [b, L, V]
         lm = F.cross_entropy(logits[:, :-1].reshape(-1, config.vocab_size),
                              x[:, 1:].reshape(-1), reduction="none")
         lm = (lm * m[:, :-1].reshape(-1)).sum() / m.sum()

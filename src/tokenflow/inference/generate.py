@@ -70,9 +70,7 @@ def _check_stop_args(config, max_new_tokens, eos_token_id, stop_at_eos) -> tuple
     if not stop_at_eos:
         return ()
     if eos_token_id is None:
-        eos_token_id = config.eos_token_id
-        if eos_token_id is None:                   # a config without an EOS id
-            return ()
+        return config.eos_token_ids     # all of the config's (a tuple; empty when it has none)
     return check_token_ids(eos_token_id, config.vocab_size, "eos_token_id")
 
 
@@ -94,8 +92,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
         generator: ``torch.Generator`` for reproducible sampling.
         attention_mask: ``[B,S]`` 1 = real token, 0 = left padding.
         eos_token_id: end-of-sequence id, or a list of them (stop at any); default
-            ``model.config.eos_token_id``. Once a row emits one, the row keeps emitting it;
-            generation stops early when every row has.
+            ``model.config.eos_token_ids`` (every id of the config; none when it has none).
+            Once a row emits one, the row keeps emitting it; generation stops early when
+            every row has.
         stop_at_eos: set False to ignore end-of-sequence and always add
             ``max_new_tokens`` tokens.
         trace: optional :class:`~tokenflow.analysis.trace.Trace` (records every forward and

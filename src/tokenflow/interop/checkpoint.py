@@ -10,8 +10,8 @@ from importlib import resources
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from tokenflow.model.config import ModelConfig
 from tokenflow.model.transformer import TokenFlowModel
@@ -44,23 +44,59 @@ def save_model(model: TokenFlowModel, path: str | Path, metadata: dict | None = 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> TokenFlowModel:
     """Build a :class:`TokenFlowModel` from a file written by :func:`save_model`, in eval mode.
 
+    Every tensor is checked against the model the stored config builds before any is loaded,
+    so a damaged or foreign file fails with a ``ValueError`` that names the file (and the
+    tensor), never a bare ``SafetensorError`` or ``RuntimeError: size mismatch``.
+
     Raises:
         FileNotFoundError: if ``path`` does not exist.
-        ValueError: if the file has no ``config`` metadata or its tensors do not match.
+        ValueError: naming ``path``, if it is a directory; is not a complete safetensors file
+            (empty, truncated at any point, extra bytes, not safetensors at all); has no
+            ``config`` metadata or one that is not a valid :class:`ModelConfig`; lacks a
+            tensor the config needs or holds one it does not (listing the names); or holds a
+            tensor of the wrong shape (naming it, with the file's and the model's shape) or a
+            non-floating dtype where the model has a floating one.
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no weights file at {path}")
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-    if "config" not in meta:
-        raise ValueError(f"{path} has no 'config' metadata; was it written by save_model?")
-    config = ModelConfig.from_dict(json.loads(meta["config"]))
-    model = TokenFlowModel(config)
-    missing, unexpected = model.load_state_dict(load_file(str(path)), strict=False)
-    if missing or unexpected:
-        raise ValueError(f"weights in {path} do not match the config: missing={missing}, "
-                         f"unexpected={unexpected}")
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a .safetensors weights file")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            if "config" not in meta:
+                raise ValueError(f"{path} has no 'config' metadata; was it written by "
+                                 "save_model?")
+            try:
+                config = ModelConfig.from_dict(json.loads(meta["config"]))
+            except (ValueError, TypeError) as e:      # json.JSONDecodeError is a ValueError
+                raise ValueError(f"{path}: its 'config' metadata is not a valid ModelConfig "
+                                 f"({e})") from e
+            model = TokenFlowModel(config)
+            expected = model.state_dict()
+            names = set(f.keys())
+            missing = sorted(set(expected) - names)
+            unexpected = sorted(names - set(expected))
+            if missing or unexpected:
+                raise ValueError(f"weights in {path} do not match the config: "
+                                 f"missing={missing}, unexpected={unexpected}")
+            state = {}
+            for name in sorted(names):
+                t = f.get_tensor(name)
+                want = expected[name]
+                if t.shape != want.shape:
+                    raise ValueError(f"{path}: tensor {name!r} has shape {list(t.shape)} but "
+                                     f"the model built from its config needs "
+                                     f"{list(want.shape)}")
+                if want.is_floating_point() and not t.is_floating_point():
+                    raise ValueError(f"{path}: tensor {name!r} has dtype {t.dtype} but the "
+                                     f"model needs a floating dtype ({want.dtype})")
+                state[name] = t
+    except SafetensorError as e:
+        raise ValueError(f"{path} is not a complete safetensors file (truncated, damaged or "
+                         f"another format): {e}") from e
+    model.load_state_dict(state, strict=True)
     return model.to(dtype).eval()
 
 
@@ -69,5 +105,9 @@ def load_pretrained(dtype: torch.dtype = torch.float32) -> tuple[TokenFlowModel,
 
     Returns:
         ``(model, tokenizer)``.
+
+    Raises:
+        ValueError: the shipped weights file is damaged (see :func:`load_model`; the message
+            names the file).
     """
     return load_model(_data_path(DEFAULT_WEIGHTS), dtype), Tokenizer.from_file()

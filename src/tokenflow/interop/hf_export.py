@@ -9,7 +9,11 @@ Hugging Face checkpoints (vLLM, SGLang) read too:
 * ``model.safetensors``: :func:`tokenflow.interop.state_dict_to_hf` (HF names and layout);
 * ``tokenizer.json`` (the ``tokenizers`` file of our BPE tokenizer) and
   ``tokenizer_config.json`` (``PreTrainedTokenizerFast`` with ``<bos>``, ``<eos>``,
-  ``<pad>``, ``<unk>``), plus ``special_tokens_map.json``.
+  ``<pad>``, ``<unk>`` and ``split_special_tokens: true``, so that text spelling ``<eos>``
+  is encoded as characters, as :meth:`tokenflow.tokenizer.Tokenizer.encode` does), plus
+  ``special_tokens_map.json``. A reader that ignores ``tokenizer_config.json`` (the bare
+  ``tokenizers`` file, or an engine reading only ``tokenizer.json``) still matches special
+  spellings in text; pass ``split_special_tokens=True`` or encode the text yourself.
 """
 from __future__ import annotations
 
@@ -29,18 +33,23 @@ def _check_tokenizer(config, tokenizer: Tokenizer) -> None:
     if tokenizer.vocab_size > config.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's "
                          f"vocab_size is {config.vocab_size}")
-    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+    for name in ("pad_token_id", "bos_token_id"):
         if getattr(tokenizer, name) != getattr(config, name):
             raise ValueError(f"{name} differs: tokenizer {getattr(tokenizer, name)}, model "
                              f"config {getattr(config, name)}")
+    if tokenizer.eos_token_id not in config.eos_token_ids:      # one of several is fine
+        raise ValueError(f"eos_token_id differs: tokenizer {tokenizer.eos_token_id}, model "
+                         f"config {config.eos_token_id}")
 
 
 def _write_tokenizer(tokenizer: Tokenizer, folder: Path, max_len: int) -> None:
     tokenizer.save(folder / "tokenizer.json")
     pad, bos, eos, unk = SPECIAL_TOKENS
     special = {"bos_token": bos, "eos_token": eos, "pad_token": pad, "unk_token": unk}
+    # split_special_tokens: text that spells "<eos>" stays text, as in Tokenizer.encode
     cfg = dict(special, tokenizer_class="PreTrainedTokenizerFast", model_max_length=max_len,
-               clean_up_tokenization_spaces=False, add_bos_token=False, add_eos_token=False)
+               clean_up_tokenization_spaces=False, add_bos_token=False, add_eos_token=False,
+               split_special_tokens=True)
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
     (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2),
                                                     encoding="utf-8")

@@ -195,7 +195,8 @@ def to_hf_config(config: ModelConfig, architecture: str | None = None):
                   rms_norm_eps=c.rms_norm_eps, tie_word_embeddings=c.tie_word_embeddings,
                   rope_parameters=rope,
                   pad_token_id=c.pad_token_id, bos_token_id=c.bos_token_id,
-                  eos_token_id=c.eos_token_id, attention_dropout=0.0,
+                  eos_token_id=(list(c.eos_token_id) if isinstance(c.eos_token_id, tuple)
+                                else c.eos_token_id), attention_dropout=0.0,
                   architectures=[HF_CLASSES[arch][1]])
     if arch == "llama":
         kw = dict(intermediate_size=c.intermediate_size, head_dim=c.head_dim,

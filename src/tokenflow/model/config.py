@@ -54,7 +54,10 @@ class ModelConfig:
         rope_theta: RoPE base frequency.
         rms_norm_eps: epsilon in RMSNorm.
         tie_word_embeddings: share the embedding table with the LM head.
-        pad_token_id, bos_token_id, eos_token_id: special token ids.
+        pad_token_id, bos_token_id: special token ids.
+        eos_token_id: the end-of-sequence id, or a tuple of several (HF's ``eos_token_id``
+            list, e.g. Llama 3 Instruct's ``[128001, 128009]``: generation stops at any),
+            or ``None`` (the model has none). Read :attr:`eos_token_ids` for the tuple form.
         kv_lora_rank: ``None`` for grouped-query attention; set, attention is multi-head latent
             attention (MLA, DeepSeek-V2 report arXiv:2405.04434 section 2.1; HF
             ``DeepseekV3Attention``) and the KV cache holds a latent of this width per token.
@@ -121,7 +124,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     pad_token_id: int = 0
     bos_token_id: int = 1
-    eos_token_id: int = 2
+    eos_token_id: int | tuple[int, ...] | None = 2
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
@@ -150,6 +153,8 @@ class ModelConfig:
             self.layer_types = tuple(self.layer_types)
         if isinstance(self.unsupported_fields, list):
             self.unsupported_fields = tuple(self.unsupported_fields)
+        if isinstance(self.eos_token_id, list):          # from JSON (to_dict, config.json)
+            self.eos_token_id = tuple(self.eos_token_id)
         if self.head_dim is None and self.kv_lora_rank is not None:
             self.head_dim = self.qk_rope_head_dim          # HF DeepseekV3Config's convention
         if self.head_dim is None:
@@ -210,10 +215,30 @@ class ModelConfig:
             raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
         self._validate_rope_scaling()
         self._validate_structure()
-        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        for name in ("pad_token_id", "bos_token_id"):
             v = getattr(self, name)
             if not 0 <= v < self.vocab_size:
                 raise ValueError(f"{name} must be in [0, vocab_size={self.vocab_size}), got {v}")
+        self._validate_eos()
+
+    def _validate_eos(self) -> None:
+        eos = self.eos_token_id
+        if eos is None:
+            return
+        if isinstance(eos, tuple):
+            if not eos:
+                raise ValueError("eos_token_id must be an int, a non-empty tuple of ints or "
+                                 "None (no end-of-sequence token), got ()")
+            ids = eos
+        else:
+            ids = (eos,)
+        for v in ids:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"eos_token_id must be an int, a tuple of ints or None, "
+                                f"got {eos!r}")
+            if not 0 <= v < self.vocab_size:
+                raise ValueError(f"eos_token_id must be in [0, vocab_size={self.vocab_size}), "
+                                 f"got {v}" + (f" in {eos!r}" if isinstance(eos, tuple) else ""))
 
     def _validate_mla(self) -> None:
         mla = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
@@ -286,6 +311,16 @@ class ModelConfig:
     def is_mla(self) -> bool:
         """True when attention is multi-head latent attention (``kv_lora_rank`` is set)."""
         return self.kv_lora_rank is not None
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every end-of-sequence id as a tuple of ints: ``(eos_token_id,)`` for one id, the
+        tuple itself for several (generation stops at any), ``()`` when ``eos_token_id`` is
+        ``None``."""
+        eos = self.eos_token_id
+        if eos is None:
+            return ()
+        return tuple(eos) if isinstance(eos, tuple) else (eos,)
 
     @property
     def is_moe(self) -> bool:

@@ -15,7 +15,8 @@ model_type      what is read beyond the Llama fields
 llama           ``attention_bias`` (q, k, v, o), ``mlp_bias``
 mistral         ``sliding_window`` (every layer)
 qwen2, qwen3    q/k/v bias (Qwen2 always; Qwen3 ``attention_bias``), Qwen3 q/k norms,
-                ``use_sliding_window`` / ``max_window_layers`` / ``layer_types``
+                ``use_sliding_window`` / ``max_window_layers`` / ``layer_types`` (the
+                per-family rules of HF, see ``_windows``)
 mixtral         ``num_local_experts``, renormalised top-k, ``sliding_window``
 qwen2_moe       ``num_experts``, shared expert (``shared_expert_intermediate_size``) and
                 its gate, ``qkv_bias``, ``mlp_only_layers``, ``decoder_sparse_step == 1``
@@ -150,18 +151,35 @@ def _attention(g: _Reader, mt: str | None) -> dict:
                 qk_norm=mt in ("qwen3", "qwen3_moe"), attention_sinks=mt == "gpt_oss")
 
 
+_QWEN_MAX_WINDOW_LAYERS = 28
+"""HF's default ``max_window_layers`` (``Qwen2Config``, ``Qwen3Config``, ``Qwen2MoeConfig``)."""
+
+
 def _windows(g: _Reader, mt: str | None) -> dict:
-    """``sliding_window`` and ``layer_types`` (``None`` when every layer is the same)."""
+    """``sliding_window`` and ``layer_types`` (``None`` when every layer is the same).
+
+    Qwen configs without ``layer_types`` derive it as ``transformers`` 5.x does (their
+    ``configuration_<family>.py``): the window is used only with ``use_sliding_window``;
+    qwen2 / qwen3 slide in layers ``i >= max_window_layers`` (default 28, the first layers
+    are full), qwen2_moe in the even layers ``i < max_window_layers``, qwen3_moe in every
+    layer (its config has no ``max_window_layers``). A ``layer_types`` with sliding layers but
+    no window in use means every layer is full (HF's attention reads ``sliding_window=None``).
+    """
     w, types, L = g("sliding_window"), g("layer_types"), g("num_hidden_layers")
     if mt in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
         use = bool(g("use_sliding_window", False))
-        first = g("max_window_layers", L)
-        w = w if use else None
+        first = g("max_window_layers", _QWEN_MAX_WINDOW_LAYERS)
+        w = w if use and w else None                    # qwen2_moe writes 0 for "none"
         if types is None and w is not None:
-            types = ["sliding_attention" if i >= first else "full_attention" for i in range(L)]
+            if mt in ("qwen2", "qwen3"):
+                types = ["sliding_attention" if i >= first else "full_attention"
+                         for i in range(L)]
+            elif mt == "qwen2_moe":
+                types = ["sliding_attention" if i % 2 == 0 and i < first else "full_attention"
+                         for i in range(L)]
     if types is not None:
         types = list(types)
-        if "sliding_attention" not in types:
+        if w is None or "sliding_attention" not in types:
             w, types = None, None
         elif "full_attention" not in types:
             types = None
@@ -258,10 +276,13 @@ def _mla(g: _Reader) -> dict:
 
 
 def _special_tokens(g: _Reader) -> dict:
-    """Special token ids: a list of EOS ids keeps the first; a missing id becomes 0."""
+    """Special token ids. A list of EOS ids (Llama 3 Instruct: ``[128001, 128009]``) is kept
+    whole as a tuple (one id: that int; an empty list or a missing id: ``None``, no EOS);
+    a missing pad or bos id becomes 0."""
     eos = g("eos_token_id")
     if isinstance(eos, (list, tuple)):
-        eos = eos[0] if eos else None
-    ids = (("pad_token_id", g("pad_token_id")), ("bos_token_id", g("bos_token_id")),
-           ("eos_token_id", eos))
-    return {name: int(v) if v is not None else 0 for name, v in ids}
+        eos = tuple(int(v) for v in eos) if len(eos) > 1 else (int(eos[0]) if eos else None)
+    elif eos is not None:
+        eos = int(eos)
+    ids = (("pad_token_id", g("pad_token_id")), ("bos_token_id", g("bos_token_id")))
+    return {**{name: int(v) if v is not None else 0 for name, v in ids}, "eos_token_id": eos}

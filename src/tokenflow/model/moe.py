@@ -499,21 +499,40 @@ class MoE(PackedWeights, nn.Module):
             return self.one_token_experts(x, indices, weights)
         return self.grouped_experts(x, indices, weights)
 
-    def forward(self, x: torch.Tensor, trace=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, trace=None,
+                token_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``x [B,S,H] -> [B,S,H]``; records ``route top-k`` and ``dispatch/combine``.
 
+        In training mode it also sets ``self.aux_loss`` (:func:`switch_balance_loss`) from
+        the router statistics of the real tokens only.
+
+        Args:
+            x: ``[B,S,H]`` the post-attention RMSNorm of the residual stream.
+            trace: an optional :class:`~tokenflow.trace.Trace`.
+            token_mask: ``[B,S]`` 1 (or True) for real tokens, 0 for padding, in any place
+                (left or right); ``None``: all real. Only the auxiliary loss reads it (every
+                token is still routed and computed, as padding is in a real batch).
+
         Raises:
-            ValueError: ``x`` not ``[B, S, H]`` with ``H = hidden_size``; from :func:`route`
-                (e.g. ``gate.top_k`` changed to more than ``E``).
+            ValueError: ``x`` not ``[B, S, H]`` with ``H = hidden_size``; ``token_mask`` not
+                ``[B, S]`` of 0/1; from :func:`route` (e.g. ``gate.top_k`` changed to more
+                than ``E``).
         """
         H = self.gate.weight.shape[1]
         if x.dim() != 3 or x.shape[2] != H:
             raise ValueError(f"x must have shape [B, S, H={H}], got {list(x.shape)}")
         B, S, _ = x.shape
+        if token_mask is not None and (not isinstance(token_mask, torch.Tensor)
+                                       or tuple(token_mask.shape) != (B, S)):
+            got = (list(token_mask.shape) if isinstance(token_mask, torch.Tensor)
+                   else type(token_mask).__name__)
+            raise ValueError(f"token_mask must be a [B, S] = [{B}, {S}] tensor, got {got}")
         flat = x.reshape(B * S, H)                                        # [T, H]
         indices, weights, logits = self.gate(flat)                        # [T, K] x2, [T, E]
         if self.training:
-            self.aux_loss = switch_balance_loss(logits, indices, self.num_experts)
+            self.aux_loss = switch_balance_loss(
+                logits, indices, self.num_experts,
+                None if token_mask is None else token_mask.reshape(B * S))
         out = self.routed_experts(flat, indices, weights)                 # [T, H]
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
@@ -645,15 +664,41 @@ def load_stats(indices: torch.Tensor, num_experts: int,
     return out
 
 
-def switch_balance_loss(logits: torch.Tensor, indices: torch.Tensor, num_experts: int
-                        ) -> torch.Tensor:
+def switch_balance_loss(logits: torch.Tensor, indices: torch.Tensor, num_experts: int,
+                        token_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Load-balancing auxiliary loss used only in training: ``E * sum_e f_e * P_e``, with
     ``f_e`` the share of assignments to expert ``e`` and ``P_e`` its mean router probability
     (Switch Transformer, Fedus et al. 2021, arXiv:2101.03961, eq. 4). 1.0 when balanced.
+
+    Args:
+        logits: ``[T, E]`` router logits.
+        indices: ``[T, K]`` chosen experts.
+        num_experts: ``E``.
+        token_mask: ``[T]`` 1 (True) for real tokens, 0 for padding; ``None``: all real.
+            Padding counts in neither ``f_e`` nor ``P_e`` (as HF's Mixtral
+            ``load_balancing_loss_func`` does with its attention mask), so a sentence gives
+            the same loss however much padding its batch adds.
+
+    Raises:
+        ValueError: ``token_mask`` not ``[T]`` of 0/1, or it marks no real token.
     """
-    f = torch.bincount(indices.reshape(-1), minlength=num_experts).float()
-    f = f / f.sum()
-    P = logits.softmax(dim=-1).mean(dim=0)
+    if token_mask is None:
+        f = torch.bincount(indices.reshape(-1), minlength=num_experts).float()
+        f = f / f.sum()
+        P = logits.softmax(dim=-1).mean(dim=0)
+        return num_experts * (f * P).sum()
+    T = logits.shape[0]
+    if tuple(token_mask.shape) != (T,) or token_mask.is_floating_point() \
+            or ((token_mask != 0) & (token_mask != 1)).any():
+        raise ValueError(f"token_mask must be a [T={T}] integer or bool tensor of 0/1, "
+                         f"got {list(token_mask.shape)} {token_mask.dtype}")
+    real = token_mask.to(torch.bool)
+    n = int(real.sum())
+    if n == 0:
+        raise ValueError("token_mask marks no real token: the load-balancing loss needs one")
+    K = indices.shape[1]
+    f = torch.bincount(indices[real].reshape(-1), minlength=num_experts).float() / (n * K)
+    P = logits[real].softmax(dim=-1).mean(dim=0)
     return num_experts * (f * P).sum()
 
 

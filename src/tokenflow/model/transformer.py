@@ -49,13 +49,14 @@ class DecoderBlock(nn.Module):
         self.mlp = MoE(config, layer_idx) if self.is_moe else FFN(config.hidden_size,
                                                                   config.intermediate_size)
 
-    def forward(self, h, cos, sin, step, kv_cache=None, trace=None):
+    def forward(self, h, cos, sin, step, kv_cache=None, trace=None, token_mask=None):
         """``h [B,S,H] -> [B,S,H]`` (the residual stream after this block); ``step`` is the
-        pass's :class:`~tokenflow.model.kv_cache.CacheStep`."""
+        pass's :class:`~tokenflow.model.kv_cache.CacheStep`; ``token_mask [B,S]`` (1 real, 0
+        padding, or ``None``) goes to the MoE's router statistics."""
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, step, kv_cache, trace)
         x = self.post_attention_layernorm(h)
         if self.is_moe:
-            return h + self.mlp(x, trace)
+            return h + self.mlp(x, trace, token_mask)
         out = self.mlp(x)
         if trace is not None:
             trace.record("FFN", f"layer {self.layer_idx} FFN", x, out, note="dense SwiGLU")
@@ -151,7 +152,8 @@ class TokenFlowModel(nn.Module):
     # ----------------------------------------------------------------- forward
     def forward(self, input_ids: torch.Tensor, kv_cache: KVCache | None = None, trace=None,
                 attention_mask: torch.Tensor | None = None,
-                logits_to_keep: int = 0) -> torch.Tensor:
+                logits_to_keep: int = 0, token_mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """Run the model on new tokens.
 
         Args:
@@ -165,6 +167,10 @@ class TokenFlowModel(nn.Module):
             attention_mask: ``[B,S]`` 1 for real tokens, 0 for left padding (default all 1).
                 RoPE positions count from each row's first real token.
             logits_to_keep: if > 0, compute logits only for the last that many positions.
+            token_mask: ``[B,S]`` 1 for real tokens, 0 for padding anywhere (e.g. the right
+                padding of :mod:`tokenflow.train`); only the MoE layers' load-balancing loss
+                reads it (attention is unchanged: causal attention already hides right padding
+                from the real tokens before it). Default: ``attention_mask``.
 
         Returns:
             logits ``[B, S, V]`` float (``[B, logits_to_keep, V]`` if given).
@@ -173,9 +179,12 @@ class TokenFlowModel(nn.Module):
             TypeError: input_ids not an integer tensor; kv_cache not a cache.
             ValueError: ids outside ``[0, vocab_size)``; cached + new tokens longer than
                 ``max_position_embeddings`` or the cache capacity; mask shape mismatch; a
-                cache of another dtype, device or model (naming both).
+                cache of another dtype, device or model (naming both); ``token_mask`` not
+                ``[B,S]`` of 0/1 or without a real token (in training mode).
         """
         self._check_inputs(input_ids, kv_cache, attention_mask)
+        if token_mask is None:
+            token_mask = attention_mask
         B, S = input_ids.shape
         if kv_cache is not None:       # claim slots: positions, slots, mask (one descriptor)
             step = kv_cache.begin_step(attention_mask, B, S)
@@ -191,7 +200,7 @@ class TokenFlowModel(nn.Module):
             if trace.keep_tensors:
                 trace.hidden_states.append(h.detach())
         for layer in self.layers:
-            h = layer(h, cos, sin, step, kv_cache, trace)                   # [B, S, H]
+            h = layer(h, cos, sin, step, kv_cache, trace, token_mask)       # [B, S, H]
             if trace is not None and trace.keep_tensors:
                 trace.hidden_states.append(h.detach())
         if logits_to_keep > 0:
