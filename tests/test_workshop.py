@@ -51,3 +51,72 @@ def test_solutions_fold_in_lab(path):
         assert prose >= 3, "every chapter has exercises"
     assert fold_solutions.dump(fold_solutions.fold(json.loads(text))) == text, \
         "run `python scripts/fold_solutions.py`"
+
+
+# --- python -m tokenflow.check -----------------------------------------------------------------
+import os
+import subprocess
+import sys
+
+from tokenflow import check
+
+
+def _run_check(*args, **env):
+    """``python -m tokenflow.check`` in a fresh process with this checkout's package first."""
+    e = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **env)
+    return subprocess.run([sys.executable, "-m", "tokenflow.check", *args], cwd=ROOT, env=e,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_check_passes_here():
+    """Every check passes in this environment (the font once the bundled one is in the package):
+    one line per check, exit 0; the running example predicts 都. Without the bundled font the
+    only failing line is the font's, and the exit status is 1."""
+    proc = _run_check()
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("[")]
+    assert [l.split("]")[1].split()[0] for l in lines] == \
+        ["python", "torch", "font", "jupyterlab", "example"], proc.stdout
+    assert "predicts 都" in proc.stdout
+    failed = [l for l in lines if l.startswith("[FAIL]")]
+    if check.font_files():
+        assert proc.returncode == 0 and not failed, proc.stdout
+    else:
+        assert proc.returncode == 1 and len(failed) == 1 and "bundled font missing" in failed[0]
+
+
+def test_check_fails_without_the_font(tmp_path):
+    """An empty font folder: a FAIL line naming the folder, the fix, exit status 1; in Chinese
+    with --lang zh. A font without 都 (matplotlib's DejaVu Sans): a FAIL naming the glyph."""
+    proc = _run_check(TOKENFLOW_FONT_DIR=str(tmp_path))
+    assert proc.returncode == 1
+    assert f"[FAIL] font       bundled font missing: no .ttf/.otf in {tmp_path}" in proc.stdout
+    assert "fix: " in proc.stdout and "not ready: 1 of 5" in proc.stdout
+    zh = _run_check("--lang", "zh", TOKENFLOW_FONT_DIR=str(tmp_path))
+    assert zh.returncode == 1 and "缺少随书字体" in zh.stdout and "尚未就绪" in zh.stdout
+    import matplotlib
+    from pathlib import Path as P
+    dejavu = P(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
+    (tmp_path / "DejaVuSans.ttf").write_bytes(dejavu.read_bytes())
+    r = check.check_font(tmp_path)
+    assert r.status == check.FAIL and r.key == "font.noglyph", r
+    assert "has no glyph for 都" in r.lines()[0]
+
+
+def test_check_fails_without_torch(monkeypatch, capsys):
+    """torch not importable: its line says so with the install command, the running example is
+    skipped, exit status 1."""
+    monkeypatch.setitem(sys.modules, "torch", None)      # import torch -> ImportError
+    assert check.main([]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] torch      torch is not installed (ModuleNotFoundError" in out
+    assert "fix: pip install -r requirements.txt" in out
+    assert "[FAIL] example    skipped: needs torch" in out
+
+
+def test_check_reports_the_cuda_build(monkeypatch):
+    """A CUDA build of torch is a warning (it works) that tells how to get the CPU build."""
+    import torch
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    r = check.check_torch()
+    assert r.status == check.WARN and "CUDA build (CUDA 12.8)" in r.lines()[0]
+    assert "download.pytorch.org/whl/cpu" in r.lines()[1]
