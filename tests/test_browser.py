@@ -248,3 +248,57 @@ def test_explorer_works_in_chromium(tab, tmp_path):
     assert len(imgs) == 6 and min(imgs) > 0
     assert len(moves) == 3 and not _explore_ok(moves), moves
     assert not log["errors"] and not log["blocked"], log
+
+
+# Every solution cell of a chapter (class tag_solution, set by scripts/fold_solutions.py): how
+# many outputs it has and how many of them (and of its code boxes) take space on the screen.
+SOLUTIONS_JS = """() => {
+  // (a closed <details> skips its content's rendering, but getBoundingClientRect still lays it
+  // out; checkVisibility() answers what is drawn)
+  const shown = e => { const r = e.getBoundingClientRect();
+                       return r.width > 0 && r.height > 0 && e.checkVisibility(
+                           {visibilityProperty: true, opacityProperty: true}); };
+  return [...document.querySelectorAll('.cell.tag_solution')].map(c => ({
+    outputs: c.querySelectorAll('.cell_output').length,
+    shown: [...c.querySelectorAll('.cell_output, .cell_input')].filter(shown).length,
+    text: (c.querySelector('.cell_output') || {textContent: ''}).textContent.trim().slice(0, 40),
+  }));
+}"""
+
+
+def test_solutions_hidden_until_opened(tab, server):
+    """In every chapter, no solution's code or output takes space on the page before its toggle
+    is opened (the prose dropdown before it stays closed too); after a click on each toggle
+    its code and its output are shown."""
+    import json
+    problems, counts = [], {}
+    for f in toc_pages():
+        if not f.startswith("notebooks/"):
+            continue
+        nb = json.loads((ROOT / f"{f}.ipynb").read_text(encoding="utf-8"))
+        want = sum("solution" in c.get("metadata", {}).get("tags", []) for c in nb["cells"]
+                   if c["cell_type"] == "code")
+        page, _ = tab.open(server, f + ".html")
+        before = page.evaluate(SOLUTIONS_JS)
+        if len(before) != want or not all(s["outputs"] for s in before):
+            problems.append(f"{f}: {len(before)} solution cells with outputs "
+                            f"{[s['outputs'] for s in before]}, the notebook has {want}")
+        problems += [f"{f}: solution {i + 1} shown before opening: {s['text']!r}"
+                     for i, s in enumerate(before) if s["shown"]]
+        open_prose = page.evaluate("() => [...document.querySelectorAll('details.sd-dropdown')]"
+                                   ".filter(d => d.open).length")
+        if open_prose:
+            problems.append(f"{f}: {open_prose} solution dropdowns open on load")
+        for summary in page.query_selector_all(".cell.tag_solution > details > summary"):
+            summary.click()
+        try:     # (myst-nb fades the opened content in)
+            page.wait_for_function(f"() => ({SOLUTIONS_JS})().every(s => s.shown === 2 * s.outputs)",
+                                   timeout=5_000)
+        except Exception:
+            pass
+        after = page.evaluate(SOLUTIONS_JS)
+        problems += [f"{f}: solution {i + 1} still hidden after opening"
+                     for i, s in enumerate(after) if s["shown"] != 2 * s["outputs"]]
+        counts[f] = len(before)
+    print("solution cells per chapter:", counts)
+    assert sum(counts.values()) >= 30 and not problems, "\n".join(problems)
