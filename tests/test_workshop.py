@@ -120,3 +120,58 @@ def test_check_reports_the_cuda_build(monkeypatch):
     r = check.check_torch()
     assert r.status == check.WARN and "CUDA build (CUDA 12.8)" in r.lines()[0]
     assert "download.pytorch.org/whl/cpu" in r.lines()[1]
+
+
+# --- participant notebooks ---------------------------------------------------------------------
+import ast
+
+participant_notebooks = _script("participant_notebooks")
+
+
+def _names(source: str) -> tuple[set, set]:
+    """(names bound, names read) by a code cell; IPython magics and shell lines are skipped."""
+    code = "\n".join(l for l in source.splitlines() if not l.lstrip().startswith(("%", "!")))
+    bound, read = set(), set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Name):
+            (bound if isinstance(node.ctx, (ast.Store, ast.Del)) else read).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return bound, read
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_participant_notebook(path):
+    """The participant copy: no solution left, no output or execution count stored, one empty
+    answer cell per exercise, every code cell run by nbval without comparing outputs, and no
+    kept cell reads a name that only a left-out solution cell binds (so the copy runs top to
+    bottom; `make test` executes it)."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    solutions = [c for c in nb["cells"] if fold_solutions.is_solution(c)]
+    copy = participant_notebooks.participant(nb)
+    cells = copy["cells"]
+    assert "Participant copy" in "".join(cells[0]["source"])
+    text = json.dumps(copy, ensure_ascii=False)
+    assert fold_solutions.MARKER not in text and '"solution"' not in text
+    code = [c for c in cells if c["cell_type"] == "code"]
+    assert all(c["outputs"] == [] and c["execution_count"] is None for c in code)
+    assert all("nbval-ignore-output" in c["metadata"]["tags"] for c in code)
+    answers = [c for c in code if "".join(c["source"]) == participant_notebooks.ANSWER]
+    assert len(answers) == sum(c["cell_type"] == "code" for c in solutions)
+    kept_bound = set()
+    for c in code:
+        kept_bound |= _names("".join(c["source"]))[0]
+    only_in_solutions = set()
+    for c in solutions:
+        if c["cell_type"] == "code":
+            only_in_solutions |= _names("".join(c["source"]))[0]
+    only_in_solutions -= kept_bound
+    used = set()
+    for c in code:
+        used |= _names("".join(c["source"]))[1] & only_in_solutions
+    assert not used, f"kept cells read names only a left-out solution defines: {sorted(used)}"
+    assert json.loads(path.read_text(encoding="utf-8")) == nb, "the full notebook was changed"
