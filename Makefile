@@ -76,7 +76,7 @@ $(PY_STAMP):
 TORCH_CUDA_OK ?=
 $(STAMP): requirements.txt pyproject.toml $(PY_STAMP) | $(VPY)
 	$(VPY) -m pip install --upgrade pip
-	if [ "$$(uname -s)" = Linux ] && ! $(VPY) -c 'import torch, sys; sys.exit(torch.version.cuda is not None)' 2>/dev/null; then \
+	if [ "$$(uname -s)" = Linux ] && ! $(VPY) -c 'import sys, torch; sys.exit(torch.version.cuda is not None or "torch==" + torch.__version__.split("+")[0] != "$(TORCH_PIN)")' 2>/dev/null; then \
 	    $(VPY) -m pip install --no-deps --timeout 5 --retries 0 --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)" \
 	    || if [ "$(TORCH_CUDA_OK)" = 1 ]; then \
 	        echo "PyTorch's CPU index unreachable: TORCH_CUDA_OK=1, installing the CUDA build of $(TORCH_PIN) (several GB)"; \
