@@ -240,11 +240,16 @@ def test_explorer_works_in_chromium(tab, tmp_path):
         base = f"http://127.0.0.1:{httpd.server_address[1]}/"
         page, log = tab.open(base, "x.html")
         imgs = page.evaluate("() => [...document.images].map(i => i.naturalWidth)")
+        # scripts run here: controls and the "precomputed" note shown, "run this cell" hidden
+        shown = page.evaluate("""() => [...document.querySelectorAll('.tf-explorer')].map(x =>
+            ['.tf-controls', '.tf-note-live', '.tf-note-run'].map(
+                s => x.querySelector(s).checkVisibility()))""")
         moves = page.evaluate(EXPLORE_JS)
         page.goto("about:blank")                 # before its server stops
     finally:
         httpd.shutdown()
         httpd.server_close()
+    assert shown == [[True, True, False]] * 2, shown
     assert len(imgs) == 6 and min(imgs) > 0
     assert len(moves) == 3 and not _explore_ok(moves), moves
     assert not log["errors"] and not log["blocked"], log

@@ -3,7 +3,9 @@ notebook runs and embedded in one HTML block, with a few lines of inline JavaScr
 output matching the controls.
 
 The static HTML book, a trusted notebook in JupyterLab and an exported HTML file all show it; no
-kernel, no widget manager and no network are needed. The live ``ipywidgets`` version of a chapter's
+kernel, no widget manager and no network are needed. An untrusted notebook in JupyterLab (whose
+stored outputs lose their scripts) shows the default output and "run this cell" instead of
+controls that cannot move. The live ``ipywidgets`` version of a chapter's
 explorer stays for readers who run the notebook.
 """
 from __future__ import annotations
@@ -17,7 +19,8 @@ import numbers
 
 from .fmt import Table
 
-__all__ = ["precomputed_explorer", "PrecomputedExplorer", "MAX_OUTPUTS", "MAX_HTML_BYTES"]
+__all__ = ["precomputed_explorer", "PrecomputedExplorer", "MAX_OUTPUTS", "MAX_HTML_BYTES",
+           "RUN_NOTE"]
 
 MAX_OUTPUTS = 48
 """Most combinations one explorer embeds (each figure adds ~30-80 KB to the page)."""
@@ -35,6 +38,17 @@ _JS = ("var x=this.closest('.tf-explorer'),k=[];"
        "if(v){v.textContent=JSON.parse(e.getAttribute('data-labels'))[e.value];}});"
        "k=k.join('-');x.querySelectorAll('.tf-out').forEach(function(o){"
        "o.style.display=o.getAttribute('data-key')==k?'':'none';});")
+
+
+RUN_NOTE = ("Stored output of the default setting. To move the controls, run this cell "
+            "(Shift+Enter) or trust the notebook.")
+"""What an explorer says where its controls cannot work (an untrusted notebook in JupyterLab)."""
+
+# Run where scripts run: show the controls and the "precomputed" note, hide the "run" note.
+_REVEAL = ("(function(){var s=document.currentScript,x=s&&s.closest('.tf-explorer');if(!x)return;"
+           "x.querySelector('.tf-controls').style.display='';"
+           "x.querySelector('.tf-note-live').style.display='';"
+           "x.querySelector('.tf-note-run').style.display='none';})();")
 
 
 def _render(out, kind: str) -> str:
@@ -159,17 +173,25 @@ class PrecomputedExplorer:
         return f"{head}precomputed explorer: {grid} = {len(self.fragments)} outputs"
 
     def _repr_html_(self) -> str:
+        """The controls, the notes and every output. The controls and the "precomputed" note
+        start hidden, next to a "run this cell" note; the inline :data:`_REVEAL` script swaps
+        them. It runs wherever the controls can work (the book, an exported page, JupyterLab
+        once the notebook is trusted or the cell ran); JupyterLab's sanitizer drops scripts and
+        event handlers of an untrusted notebook's stored outputs, leaving the stored default
+        output and the note, and no control that cannot move."""
         shown = "-".join(str(i) for i in self.default.values())
         hide = ' style="display:none"'
         outs = "\n".join(
             f'<div class="tf-out" data-key="{key}"{"" if key == shown else hide}>{frag}</div>'
             for key, frag in self.fragments.items())
         title = f'<div class="tf-title">{html.escape(self.title)}</div>' if self.title else ""
-        note = ('<div class="tf-note">Precomputed when the notebook ran: moving a control '
-                'shows the stored output for that setting (no kernel needed).</div>')
-        return (f'<div class="tf-explorer">{title}\n<div class="tf-controls">\n'
-                f"{_controls_html(self.controls, self.default)}\n</div>\n{note}\n"
-                f"{outs}\n</div>")
+        note = (f'<div class="tf-note tf-note-live"{hide}>Precomputed when the notebook ran: '
+                'moving a control shows the stored output for that setting (no kernel '
+                'needed).</div>')
+        run = (f'<div class="tf-note tf-note-run">{html.escape(RUN_NOTE)}</div>')
+        return (f'<div class="tf-explorer">{title}\n<div class="tf-controls"{hide}>\n'
+                f"{_controls_html(self.controls, self.default)}\n</div>\n{note}\n{run}\n"
+                f"{outs}\n<script>{_REVEAL}</script>\n</div>")
 
 
 def precomputed_explorer(fn, controls: dict, *, title: str | None = None, kind: str = "auto",
