@@ -175,3 +175,71 @@ def test_participant_notebook(path):
         used |= _names("".join(c["source"]))[1] & only_in_solutions
     assert not used, f"kept cells read names only a left-out solution defines: {sorted(used)}"
     assert json.loads(path.read_text(encoding="utf-8")) == nb, "the full notebook was changed"
+
+
+# --- book/workshop.md: timetables that add up ---------------------------------------------------
+import math
+import re
+
+RUN_TIMES = ROOT / "book" / "notebook_run_times.json"
+DIAGRAM_MIN = 10       # each chapter session opens with 10 minutes at the whiteboard diagram
+EXERCISE_MIN = 5       # and gives each exercise done in the room 5 minutes
+
+
+def _timetables() -> dict[str, tuple[list[dict], str]]:
+    """Each '### <name>' table of book/workshop.md's Timetables section: its rows (start,
+    minutes, session, notebook, exercises, run time) and the 'Total: ...' line after it."""
+    text = (ROOT / "book" / "workshop.md").read_text(encoding="utf-8")
+    section = text.split("## Timetables", 1)[1].split("\n## ", 1)[0]
+    tables = {}
+    for block in section.split("\n### ")[1:]:
+        name = block.splitlines()[0].strip()
+        rows = []
+        for line in block.splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if re.fullmatch(r"\d\d:\d\d", cells[0]):
+                rows.append(dict(zip(("start", "minutes", "session", "notebook", "exercises",
+                                      "run"), cells)))
+        total = next(l for l in block.splitlines() if l.startswith("Total:"))
+        tables[name] = (rows, total)
+    return tables
+
+
+def _minutes(hhmm: str) -> int:
+    h, m = hhmm.split(":")
+    return int(h) * 60 + int(m)
+
+
+def test_timetables_add_up():
+    """Both timetables of book/workshop.md: each row starts when the one before ends, the last
+    row ('end') at the sum; the 'Total' line states the sums of sessions and breaks; each chapter
+    session holds its diagram time, the notebook's measured run time (rounded up to a minute)
+    and its exercises (no more than the chapter has); the run-time column is the measured one;
+    the half day covers chapters 0 to 4 in order (the later ones build on them), the full day
+    every chapter."""
+    measured = json.loads(RUN_TIMES.read_text(encoding="utf-8"))["seconds"]
+    assert set(measured) == {p.stem for p in NOTEBOOKS}
+    exercises = {p.stem: sum(fold_solutions.is_solution(c) and c["cell_type"] == "code"
+                             for c in json.loads(p.read_text(encoding="utf-8"))["cells"])
+                 for p in NOTEBOOKS}
+    tables = _timetables()
+    assert set(tables) == {"Half day", "Full day"}
+    for name, (rows, total) in tables.items():
+        assert rows[-1]["session"] == "end" and not rows[-1]["minutes"]
+        for a, b in zip(rows, rows[1:]):
+            assert _minutes(a["start"]) + int(a["minutes"]) == _minutes(b["start"]), (name, a)
+        breaks = sum(int(r["minutes"]) for r in rows[:-1] if r["session"] in ("break", "lunch"))
+        sessions = sum(int(r["minutes"]) for r in rows[:-1]) - breaks
+        span = _minutes(rows[-1]["start"]) - _minutes(rows[0]["start"])
+        assert total == (f"Total: {sessions} minutes of sessions and {breaks} of "
+                         f"{'break' if breaks <= 15 else 'breaks'}, {span} minutes."), (name, total)
+        chapters = [r for r in rows if r["notebook"]]
+        for r in chapters:
+            nb, k, run = r["notebook"], int(r["exercises"]), measured[r["notebook"]]
+            assert r["run"] == f"{round(run)} s", (name, nb, r["run"], run)
+            assert 1 <= k <= exercises[nb], (name, nb, k)
+            need = DIAGRAM_MIN + math.ceil(run / 60) + EXERCISE_MIN * k
+            assert int(r["minutes"]) >= need, f"{name}: {nb} needs {need} min, has {r['minutes']}"
+        order = [r["notebook"] for r in chapters]
+        want = sorted(measured)[:5] if name == "Half day" else sorted(measured)
+        assert order == want, (name, order)
