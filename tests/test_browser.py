@@ -307,3 +307,58 @@ def test_solutions_hidden_until_opened(tab, server):
         counts[f] = len(before)
     print("solution cells per chapter:", counts)
     assert sum(counts.values()) >= 30 and not problems, "\n".join(problems)
+
+
+# Printed on A4 with 10 mm side margins, the page is 190 mm = 718 CSS px wide. In print media
+# (_static/tokenflow.css @media print) nothing may stick out of that width or be cut by its box:
+# every element of the article except MathJax's inner parts and inline math, whose glyphs
+# overhang by a pixel or two (a display equation's <mjx-math> is checked).
+A4_WIDTH_PX = 718
+PRINT_JS = """(W) => {
+  const out = [];
+  for (const e of document.querySelectorAll('.bd-article *')) {
+    if ((e.closest('mjx-container') && !e.matches('mjx-container[display="true"] > mjx-math'))
+        || e.matches('span.math') || !e.checkVisibility()) continue;
+    const cs = getComputedStyle(e), r = e.getBoundingClientRect();
+    const cut = cs.display !== 'inline' && e.scrollWidth > e.clientWidth + 1
+                && cs.overflowX !== 'visible';
+    if (cut || r.right > W + 1)
+      out.push(`${e.tagName.toLowerCase()}.${String(e.className.baseVal ?? e.className)
+                 .slice(0, 30)}: ${cut ? 'cut' : 'sticks out'} (${Math.round(r.right)} px)`);
+  }
+  return {problems: out.slice(0, 10), count: out.length,
+          controls: [...document.querySelectorAll('.tf-controls')].filter(
+              c => c.checkVisibility()).length};
+}"""
+
+
+def test_pages_print_on_a4(browser, server):
+    """Every page in print media at A4 width: nothing cut or sticking out (trace tables wrap
+    their note column, code wraps, figures and explorers fit), no explorer control printed;
+    each page is printed to PDF (A4) in _build/print/ and its page count reported."""
+    import re
+    out_dir = ROOT / "_build" / "print"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ctx = browser.new_context(viewport={"width": A4_WIDTH_PX, "height": 1000})
+    page = ctx.new_page()
+    page.emulate_media(media="print")
+    problems, pages = [], {}
+    try:
+        for f in toc_pages():
+            page.goto(server + f + ".html", wait_until="load")
+            page.evaluate("() => document.fonts.ready.then(() => null)")
+            page.evaluate(
+                "() => (window.MathJax && MathJax.startup && MathJax.startup.promise) || null")
+            r = page.evaluate(PRINT_JS, A4_WIDTH_PX)
+            problems += [f"{f}: {p}" for p in r["problems"]]
+            if r["controls"]:
+                problems.append(f"{f}: {r['controls']} explorer controls printed")
+            pdf = page.pdf(format="A4", print_background=True,
+                           margin={"top": "12mm", "bottom": "12mm", "left": "10mm",
+                                   "right": "10mm"})
+            (out_dir / (f.replace("/", "__") + ".pdf")).write_bytes(pdf)
+            pages[f] = len(re.findall(rb"/Type\s*/Page[^s]", pdf))
+    finally:
+        ctx.close()
+    print("A4 pages:", pages, "total", sum(pages.values()))
+    assert all(n >= 1 for n in pages.values()) and not problems, "\n".join(problems)
