@@ -274,7 +274,7 @@ def check_example() -> Result:
     start = time.perf_counter()
     try:
         import torch
-        from tokenflow import load_pretrained
+        from tokenflow.interop import load_pretrained
         model, tok = load_pretrained()
         with torch.inference_mode():
             logits = model(torch.tensor([tok.encode(PROMPT)]))       # [1, S, V]
