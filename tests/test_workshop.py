@@ -243,3 +243,30 @@ def test_timetables_add_up():
         order = [r["notebook"] for r in chapters]
         want = sorted(measured)[:5] if name == "Half day" else sorted(measured)
         assert order == want, (name, order)
+
+
+# --- explorers: one set of controls in each place -----------------------------------------------
+def test_explorer_with_a_live_twin_carries_a_note_widget_in_a_kernel():
+    """Run in a kernel (nbclient), a precomputed explorer with ``live_below`` stores its HTML and
+    a widget view (the note JupyterLab draws in a running session instead of a second set of
+    controls); without ``live_below``, or outside a kernel, only text and HTML. The book ranks
+    the widget view below HTML (_config.yml), so it keeps showing the precomputed explorer."""
+    import nbformat
+    import yaml
+    from nbclient import NotebookClient
+
+    from tokenflow.viz.static import LIVE_NOTE, WIDGET_VIEW, precomputed_explorer
+    code = ("from tokenflow.viz.static import precomputed_explorer\n"
+            "precomputed_explorer(lambda n: str(n), {{'n': [1, 2]}}, live_below={})")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code.format(flag))
+                                         for flag in (True, False)])
+    NotebookClient(nb, timeout=60, kernel_name="python3").execute()
+    twin, alone = (c.outputs[-1]["data"] for c in nb.cells)
+    assert {"text/plain", "text/html", WIDGET_VIEW} <= set(twin)
+    assert set(alone) == {"text/plain", "text/html"}
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    assert any(LIVE_NOTE in str(m["state"].get("value", "")) for m in state.values())
+    ex = precomputed_explorer(lambda n: str(n), {"n": [1, 2]}, live_below=True)
+    assert WIDGET_VIEW not in ex._repr_mimebundle_()                  # no kernel here
+    cfg = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["sphinx"]["config"]
+    assert ["html", WIDGET_VIEW, 35] in cfg["nb_mime_priority_overrides"]   # after text/html (30)
