@@ -52,7 +52,7 @@ _REVEAL = ("(function(){var s=document.currentScript,x=s&&s.closest('.tf-explore
 
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-LIVE_NOTE = ("The live explorer in the next code cell replaces this precomputed one while the "
+LIVE_NOTE = ("The live explorer a few cells below replaces this precomputed one while the "
              "kernel runs; the book shows the precomputed one.")
 """What a precomputed explorer with a live one below shows in a running JupyterLab session."""
 
@@ -182,8 +182,8 @@ class PrecomputedExplorer:
     """What :func:`precomputed_explorer` returns: shows as HTML (controls + all outputs) in the
     book and JupyterLab, and as a one-line summary in text (what nbval compares).
 
-    With ``live_below`` (a live ``ipywidgets`` explorer of the same thing follows in the next
-    code cell) and a running kernel, the output also carries a small widget, :data:`LIVE_NOTE`:
+    With ``live_below`` (a live ``ipywidgets`` explorer of the same thing follows a few cells
+    below) and a running kernel, the output also carries a small widget, :data:`LIVE_NOTE`:
     JupyterLab draws a widget in preference to HTML in a running session, so after "Run All"
     this cell says where the live controls are instead of showing a second set. The book
     (_config.yml ranks widget views below HTML) and an untrusted notebook (which draws no
@@ -249,7 +249,8 @@ def precomputed_explorer(fn, controls: dict, *, title: str | None = None, kind: 
         kind: ``"auto"`` (Figure -> PNG, ``_repr_html_`` -> HTML, else text), or force
             ``"png"``, ``"svg"``, ``"html"``, ``"text"``.
         default: control name -> value shown first (default: each control's first value).
-        live_below: the next code cell shows a live ``ipywidgets`` explorer of the same thing;
+        live_below: a code cell further down shows a live ``ipywidgets`` explorer of the same
+            thing;
             in a running JupyterLab session this one then shows a note instead of a second set
             of controls (:class:`PrecomputedExplorer`).
 
