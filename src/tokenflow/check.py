@@ -42,8 +42,7 @@ MESSAGES = {
     "en": {
         "python": "Python {version}",
         "python.bad": "Python {version} is outside the supported range {spec}",
-        "python.bad.fix": "install a Python in {spec} (3.11 is the tested one) and recreate .venv "
-                          "with it",
+        "python.bad.fix": "install Python 3.11, 3.12 or 3.13 (tested) and recreate .venv with it",
         "python.new": "Python {version}: newer than the tested {tested}",
         "python.new.fix": "it should work; if a package fails to install, use Python {tested}",
         "torch": "torch {version}, {build} build",
@@ -90,7 +89,7 @@ MESSAGES = {
     "zh": {
         "python": "Python {version}",
         "python.bad": "Python {version} 不在支持的范围 {spec} 内",
-        "python.bad.fix": "安装 {spec} 范围内的 Python（已测试的是 3.11），并用它重新创建 .venv",
+        "python.bad.fix": "安装 Python 3.11、3.12 或 3.13（已测试），并用它重新创建 .venv",
         "python.new": "Python {version}：比已测试的 {tested} 更新",
         "python.new.fix": "应该可以运行；若有包装不上，请改用 Python {tested}",
         "torch": "torch {version}，{build} 版本",
@@ -176,14 +175,14 @@ def _torch_pin() -> str:
 
 def check_python() -> Result:
     """The running Python against the package's ``Requires-Python`` (a FAIL outside it) and
-    the newest tested minor version 3.11 (a warning above it)."""
+    the newest tested minor version, 3.13 (a warning above it; 3.11 to 3.13 are tested)."""
     from packaging.specifiers import SpecifierSet
     version = ".".join(map(str, sys.version_info[:3]))
     try:
         spec = md.metadata("tokenflow").get("Requires-Python") or ">=3.11"
     except md.PackageNotFoundError:
         spec = ">=3.11"
-    tested = os.environ.get("TOKENFLOW_TESTED_PYTHON", "3.11")
+    tested = os.environ.get("TOKENFLOW_TESTED_PYTHON", "3.13")   # the Makefile's newest
     if version not in SpecifierSet(spec):
         return Result("python", FAIL, "python.bad", dict(version=version, spec=spec), fix=True)
     if sys.version_info[:2] > tuple(int(x) for x in tested.split(".")):
@@ -213,11 +212,15 @@ def check_torch() -> Result:
 
 def font_files(font_dir: Path | None = None) -> list[Path]:
     """The bundled font files (``*.ttf``, ``*.otf``, ``*.ttc``) in ``font_dir`` (default
-    :data:`FONT_DIR`, or $TOKENFLOW_FONT_DIR), sorted; [] when the folder is missing."""
+    :data:`FONT_DIR`, or $TOKENFLOW_FONT_DIR), regular before bold, fallback last; [] when the
+    folder is missing."""
     d = Path(font_dir or os.environ.get("TOKENFLOW_FONT_DIR") or FONT_DIR)
     if not d.is_dir():
         return []
-    return sorted(p for p in d.iterdir() if p.suffix.lower() in (".ttf", ".otf", ".ttc"))
+    # regular before bold, the main family before its fallback: the file matplotlib resolves
+    # the family name to at normal weight comes first
+    return sorted((p for p in d.iterdir() if p.suffix.lower() in (".ttf", ".otf", ".ttc")),
+                  key=lambda p: ("fallback" in p.name.lower(), "bold" in p.name.lower(), p.name))
 
 
 def check_font(font_dir: Path | None = None) -> Result:
