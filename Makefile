@@ -3,6 +3,8 @@
 #               and its Chinese edition -> _build/html/zh/index.html  (see "Chinese edition" below)
 #   make test   unit tests + nbval on every notebook + strict book build
 #   make lab    JupyterLab on notebooks/
+#   make participant  notebooks for a workshop's participants -> _build/participant/
+#   make dist   the built HTML book (both editions) as one archive -> _build/tokenflow-book.zip
 # A fresh machine needs Python 3.11, 3.12 or 3.13 (PYTHON=python3.12 picks one), git, make and
 # node/npm (npm only fetches the offline widget JS); `make test` also needs a Chromium, which it
 # finds or installs itself (target `chromium`).
@@ -32,13 +34,15 @@ WIDGET_JS := .widgets_js/extra/_static/tokenflow-widgets/VERSIONS.txt
 TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: help venv setup book widget-js chromium test lab clean distclean
+.PHONY: help venv setup book widget-js chromium test lab clean distclean participant dist
 .PHONY: book-zh i18n-update i18n-check
 
 help:
 	@echo "make book   build the HTML book into _build/html (strict, from stored outputs)"
 	@echo "make test   run tests/ and nbval over notebooks/ (2 workers), incl. a strict book build"
 	@echo "make lab    start JupyterLab on notebooks/"
+	@echo "make participant  participant notebooks (outputs cleared, solutions left out) -> _build/participant/"
+	@echo "make dist   build the book and pack it as _build/tokenflow-book.zip (readers need no node)"
 	@echo "make i18n-update  after changing English prose: re-extract messages into locale/zh_CN/*.po"
 	@echo "make i18n-check   translation check (I18N_STRICT=1 fails on any gap; see README)"
 	@echo "make venv   create .venv and install requirements.txt (alias: setup)"
@@ -63,14 +67,26 @@ $(PY_STAMP):
 	else $(PYTHON_EXE) -m venv $(VENV) && touch $@; fi
 
 # Re-install only when requirements.txt or pyproject.toml changed (torch is pinned there: torch==2.13.0).
-# torch first from the CPU index (--no-deps: its dependencies come with requirements.txt); where
-# that index is unreachable, fail within seconds (--timeout 5 --retries 0, overriding any
-# PIP_DEFAULT_TIMEOUT) and let requirements.txt take torch from the default index instead.
+# On Linux, torch first from the CPU index (--no-deps: its dependencies come with requirements.txt),
+# unless the pinned CPU torch is already installed (e.g. from a wheel folder); an unreachable index
+# fails within seconds (--timeout 5 --retries 0, overriding any PIP_DEFAULT_TIMEOUT).
+# Where that index is unreachable, stop: the default index's Linux torch is the CUDA build (about
+# 5.5 GB of .venv, measured). TORCH_CUDA_OK=1 opts in to it; or install torch from a wheel folder
+# first (book/workshop.md, "An offline room") and run make again.
+TORCH_CUDA_OK ?=
 $(STAMP): requirements.txt pyproject.toml $(PY_STAMP) | $(VPY)
 	$(VPY) -m pip install --upgrade pip
-	if [ "$$(uname -s)" = Linux ]; then \
+	if [ "$$(uname -s)" = Linux ] && ! $(VPY) -c 'import sys, torch; sys.exit(torch.version.cuda is not None or "torch==" + torch.__version__.split("+")[0] != "$(TORCH_PIN)")' 2>/dev/null; then \
 	    $(VPY) -m pip install --no-deps --timeout 5 --retries 0 --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)" \
-	    || echo "PyTorch's CPU index unreachable: installing $(TORCH_PIN) from the default index"; \
+	    || if [ "$(TORCH_CUDA_OK)" = 1 ]; then \
+	        echo "PyTorch's CPU index unreachable: TORCH_CUDA_OK=1, installing the CUDA build of $(TORCH_PIN) (several GB)"; \
+	    else \
+	        echo "error: PyTorch's CPU wheel index ($(TORCH_CPU_INDEX)) is unreachable." >&2; \
+	        echo "  The default index would install the CUDA build of $(TORCH_PIN): about 5.5 GB." >&2; \
+	        echo "  Fix the network or proxy (HTTPS_PROXY), or install torch from a wheel folder, or" >&2; \
+	        echo "  accept the download: make TORCH_CUDA_OK=1 $(MAKECMDGOALS)" >&2; \
+	        exit 1; \
+	    fi; \
 	fi
 	$(VPY) -m pip install -r requirements.txt
 	touch $@
@@ -111,9 +127,22 @@ book: $(STAMP) widget-js
 # The book is built strictly once per run into a temporary folder (tests/conftest.py), then
 # checked as files (tests/test_book.py) and in headless Chromium (tests/test_browser.py, which
 # saves screenshots to _build/screenshots/). i18n-check: the Chinese catalogs are current.
-test: $(STAMP) widget-js chromium i18n-check
+# The participant notebooks (make participant) run in the same nbval pass: every code cell is
+# tagged nbval-ignore-output there, so nbval checks that they run top to bottom.
+test: $(STAMP) widget-js chromium i18n-check participant
 	$(VPY) -m pytest -n 2 --dist loadfile --nbval --nbval-current-env \
-	    --nbval-sanitize-with tests/nbval_sanitize.cfg tests notebooks
+	    --nbval-sanitize-with tests/nbval_sanitize.cfg tests notebooks _build/participant
+
+# --- workshop [W1] (book/workshop.md) ---------------------------------------------------------
+# Participant notebooks: outputs cleared, solutions left out; the instructor keeps notebooks/.
+participant: $(STAMP)
+	$(VPY) scripts/participant_notebooks.py _build/participant
+
+# The built book (English + _build/html/zh/) as one zip: unpack anywhere, open index.html.
+dist: book
+	rm -f _build/tokenflow-book.zip
+	cd _build && $(abspath $(VPY)) -c "import shutil; shutil.make_archive('tokenflow-book', 'zip', '.', 'html')"
+	@echo "$(CURDIR)/_build/tokenflow-book.zip"
 
 # --- Chinese edition [F12] (scripts/i18n.py, locale/TRANSLATING.md) ----------------------------
 # The same sources with language=zh_CN and locale/zh_CN/LC_MESSAGES/<page>.po, built strictly into

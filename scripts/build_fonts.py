@@ -72,11 +72,14 @@ def _text_of(paths) -> str:
 def figure_characters(root: Path = ROOT) -> set[str]:
     """Every character a figure of the book can draw, beyond :data:`FIGURE_RANGES`: the
     corpus, the tokenizer's decoded vocabulary and byte-level alphabet, the notebooks (sources
-    and stored outputs) and the package's Python source. Control characters are dropped."""
+    and stored outputs) and the package's Python source, except ``check.py`` (the laptop
+    preflight, whose Chinese messages go to a terminal, never into a figure). Control
+    characters are dropped."""
     src = root / "src" / "tokenflow"
     text = _text_of([src / "data" / "corpus.txt"])
     text += _text_of(sorted(glob.glob(str(root / "notebooks" / "*.ipynb"))))
-    text += _text_of(sorted(glob.glob(str(src / "**" / "*.py"), recursive=True)))
+    text += _text_of(sorted(p for p in glob.glob(str(src / "**" / "*.py"), recursive=True)
+                            if Path(p) != src / "check.py"))
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(src / "data" / "tokenizer.json"))
     text += "".join(tok.decode([i]) for i in range(tok.get_vocab_size()))

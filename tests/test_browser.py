@@ -240,11 +240,125 @@ def test_explorer_works_in_chromium(tab, tmp_path):
         base = f"http://127.0.0.1:{httpd.server_address[1]}/"
         page, log = tab.open(base, "x.html")
         imgs = page.evaluate("() => [...document.images].map(i => i.naturalWidth)")
+        # scripts run here: controls and the "precomputed" note shown, "run this cell" hidden
+        shown = page.evaluate("""() => [...document.querySelectorAll('.tf-explorer')].map(x =>
+            ['.tf-controls', '.tf-note-live', '.tf-note-run'].map(
+                s => x.querySelector(s).checkVisibility()))""")
         moves = page.evaluate(EXPLORE_JS)
         page.goto("about:blank")                 # before its server stops
     finally:
         httpd.shutdown()
         httpd.server_close()
+    assert shown == [[True, True, False]] * 2, shown
     assert len(imgs) == 6 and min(imgs) > 0
     assert len(moves) == 3 and not _explore_ok(moves), moves
     assert not log["errors"] and not log["blocked"], log
+
+
+# Every solution cell of a chapter (class tag_solution, set by scripts/fold_solutions.py): how
+# many outputs it has and how many of them (and of its code boxes) take space on the screen.
+SOLUTIONS_JS = """() => {
+  // (a closed <details> skips its content's rendering, but getBoundingClientRect still lays it
+  // out; checkVisibility() answers what is drawn)
+  const shown = e => { const r = e.getBoundingClientRect();
+                       return r.width > 0 && r.height > 0 && e.checkVisibility(
+                           {visibilityProperty: true, opacityProperty: true}); };
+  return [...document.querySelectorAll('.cell.tag_solution')].map(c => ({
+    outputs: c.querySelectorAll('.cell_output').length,
+    shown: [...c.querySelectorAll('.cell_output, .cell_input')].filter(shown).length,
+    text: (c.querySelector('.cell_output') || {textContent: ''}).textContent.trim().slice(0, 40),
+  }));
+}"""
+
+
+def test_solutions_hidden_until_opened(tab, server):
+    """In every chapter, no solution's code or output takes space on the page before its toggle
+    is opened (the prose dropdown before it stays closed too); after a click on each toggle
+    its code and its output are shown."""
+    import json
+    problems, counts = [], {}
+    for f in toc_pages():
+        if not f.startswith("notebooks/"):
+            continue
+        nb = json.loads((ROOT / f"{f}.ipynb").read_text(encoding="utf-8"))
+        want = sum("solution" in c.get("metadata", {}).get("tags", []) for c in nb["cells"]
+                   if c["cell_type"] == "code")
+        page, _ = tab.open(server, f + ".html")
+        before = page.evaluate(SOLUTIONS_JS)
+        if len(before) != want or not all(s["outputs"] for s in before):
+            problems.append(f"{f}: {len(before)} solution cells with outputs "
+                            f"{[s['outputs'] for s in before]}, the notebook has {want}")
+        problems += [f"{f}: solution {i + 1} shown before opening: {s['text']!r}"
+                     for i, s in enumerate(before) if s["shown"]]
+        open_prose = page.evaluate("() => [...document.querySelectorAll('details.sd-dropdown')]"
+                                   ".filter(d => d.open).length")
+        if open_prose:
+            problems.append(f"{f}: {open_prose} solution dropdowns open on load")
+        for summary in page.query_selector_all(".cell.tag_solution > details > summary"):
+            summary.click()
+        try:     # (myst-nb fades the opened content in)
+            page.wait_for_function(f"() => ({SOLUTIONS_JS})().every(s => s.shown === 2 * s.outputs)",
+                                   timeout=5_000)
+        except Exception:
+            pass
+        after = page.evaluate(SOLUTIONS_JS)
+        problems += [f"{f}: solution {i + 1} still hidden after opening"
+                     for i, s in enumerate(after) if s["shown"] != 2 * s["outputs"]]
+        counts[f] = len(before)
+    print("solution cells per chapter:", counts)
+    assert sum(counts.values()) >= 30 and not problems, "\n".join(problems)
+
+
+# Printed on A4 with 10 mm side margins, the page is 190 mm = 718 CSS px wide. In print media
+# (_static/tokenflow.css @media print) nothing may stick out of that width or be cut by its box:
+# every element of the article except MathJax's inner parts and inline math, whose glyphs
+# overhang by a pixel or two (a display equation's <mjx-math> is checked).
+A4_WIDTH_PX = 718
+PRINT_JS = """(W) => {
+  const out = [];
+  for (const e of document.querySelectorAll('.bd-article *')) {
+    if ((e.closest('mjx-container') && !e.matches('mjx-container[display="true"] > mjx-math'))
+        || e.matches('span.math') || !e.checkVisibility()) continue;
+    const cs = getComputedStyle(e), r = e.getBoundingClientRect();
+    const cut = cs.display !== 'inline' && e.scrollWidth > e.clientWidth + 1
+                && cs.overflowX !== 'visible';
+    if (cut || r.right > W + 1)
+      out.push(`${e.tagName.toLowerCase()}.${String(e.className.baseVal ?? e.className)
+                 .slice(0, 30)}: ${cut ? 'cut' : 'sticks out'} (${Math.round(r.right)} px)`);
+  }
+  return {problems: out.slice(0, 10), count: out.length,
+          controls: [...document.querySelectorAll('.tf-controls')].filter(
+              c => c.checkVisibility()).length};
+}"""
+
+
+def test_pages_print_on_a4(browser, server):
+    """Every page in print media at A4 width: nothing cut or sticking out (trace tables wrap
+    their note column, code wraps, figures and explorers fit), no explorer control printed;
+    each page is printed to PDF (A4) in _build/print/ and its page count reported."""
+    import re
+    out_dir = ROOT / "_build" / "print"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ctx = browser.new_context(viewport={"width": A4_WIDTH_PX, "height": 1000})
+    page = ctx.new_page()
+    page.emulate_media(media="print")
+    problems, pages = [], {}
+    try:
+        for f in toc_pages():
+            page.goto(server + f + ".html", wait_until="load")
+            page.evaluate("() => document.fonts.ready.then(() => null)")
+            page.evaluate(
+                "() => (window.MathJax && MathJax.startup && MathJax.startup.promise) || null")
+            r = page.evaluate(PRINT_JS, A4_WIDTH_PX)
+            problems += [f"{f}: {p}" for p in r["problems"]]
+            if r["controls"]:
+                problems.append(f"{f}: {r['controls']} explorer controls printed")
+            pdf = page.pdf(format="A4", print_background=True,
+                           margin={"top": "12mm", "bottom": "12mm", "left": "10mm",
+                                   "right": "10mm"})
+            (out_dir / (f.replace("/", "__") + ".pdf")).write_bytes(pdf)
+            pages[f] = len(re.findall(rb"/Type\s*/Page[^s]", pdf))
+    finally:
+        ctx.close()
+    print("A4 pages:", pages, "total", sum(pages.values()))
+    assert all(n >= 1 for n in pages.values()) and not problems, "\n".join(problems)

@@ -135,7 +135,9 @@ def test_explorer_shows_the_default_and_hides_the_rest():
 def test_explorer_has_no_external_code_and_a_short_text_repr():
     ex = _explorer(title="demo")
     html = ex._repr_html_()
-    assert "<script" not in html and "src=\"http" not in html and "//" not in html
+    # one inline script (it reveals the controls where scripts run), nothing fetched
+    assert html.count("<script") == 1 and "<script>" in html
+    assert "src=\"http" not in html and "//" not in html
     assert repr(ex) == ("demo: precomputed explorer: batch B (4 values) x mode (3 values) "
                         "= 12 outputs")
 
@@ -254,3 +256,23 @@ def test_agree_rejects_bad_input(args, err):
     from tokenflow.viz import agree
     with pytest.raises(err):
         agree(*args)
+
+
+def test_explorer_untrusted_in_lab_shows_no_dead_control():
+    """JupyterLab shows an untrusted notebook's stored HTML sanitized: scripts and on* handlers
+    gone (inputs disabled). Then no control is drawn (their box stays display:none), the "run
+    this cell" note and the default output are; where the script runs, it swaps them."""
+    import re
+
+    from tokenflow.viz.static import RUN_NOTE, _REVEAL
+    html = _explorer(title="demo")._repr_html_()
+    sanitized = re.sub(r"<script>.*?</script>", "", html, flags=re.S)
+    sanitized = re.sub(r' on\w+="[^"]*"', "", sanitized)
+    tags = _parse(sanitized)
+    [box] = [t for t in tags if t["attrs"].get("class") == "tf-controls"]
+    assert "display:none" in box["attrs"].get("style", "")
+    [run] = [t for t in tags if "tf-note-run" in t["attrs"].get("class", "")]
+    assert "display:none" not in run["attrs"].get("style", "") and RUN_NOTE in sanitized
+    [live] = [t for t in tags if "tf-note-live" in t["attrs"].get("class", "")]
+    assert "display:none" in live["attrs"].get("style", "")
+    assert f"<script>{_REVEAL}</script>" in html

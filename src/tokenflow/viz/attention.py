@@ -257,7 +257,7 @@ def attention_static(attention_weights: dict, q_labels: list[str], k_labels: lis
         lambda layer, head: attention_head_heatmap(attention_weights[layer][batch_index, head],
                                                    q_labels, k_labels,
                                                    title=f"layer {layer}, head {head}"),
-        {"layer": layers, "head": list(range(nh))}, default=default, kind="svg")
+        {"layer": layers, "head": list(range(nh))}, default=default, kind="svg", live_below=True)
 
 
 def kv_cache_static(config, seq_len=(1, 16, 64, 128), batch_size: int = 1,
@@ -271,7 +271,8 @@ def kv_cache_static(config, seq_len=(1, 16, 64, 128), batch_size: int = 1,
         lambda S, kv_heads: kv_cache_summary(config, batch_size, S, kv_heads, dtype_name),
         {"S": list(seq_len), "kv_heads": divisors},
         default={"S": seq_len[-1], "kv_heads": config.num_key_value_heads},
-        title=f"{config.name}: KV cache for sequence length S and K/V heads ({dtype_name})")
+        title=f"{config.name}: KV cache for sequence length S and K/V heads ({dtype_name})",
+        live_below=True)
 
 
 def kv_per_token_view(layouts: list, contexts: list, bytes_per_element: float = 2):

@@ -368,7 +368,7 @@ def hidden_size_static(hidden_size: int, vocab_size: int, batch=(1, 4, 8, 16),
     return precomputed_explorer(
         lambda B, S: size_table(hidden_state_sizes(B, S, hidden_size, vocab_size)),
         {"B": list(batch), "S": list(seq_len)}, default=default,
-        title=f"tensor sizes for H = {hidden_size:,}, V = {vocab_size:,}")
+        title=f"tensor sizes for H = {hidden_size:,}, V = {vocab_size:,}", live_below=True)
 
 
 def residual_stream_table(hidden_states, token_index: int, tokens: list[str],
@@ -406,4 +406,4 @@ def residual_stream_static(hidden_states, tokens: list[str], token_index: int = 
     options = [f"{i} {t}" for i, t in enumerate(tokens)]
     return precomputed_explorer(
         lambda token: residual_stream_plot(hidden_states, options.index(token), tokens),
-        {"token": options}, default={"token": options[token_index]}, kind="svg")
+        {"token": options}, default={"token": options[token_index]}, kind="svg", live_below=True)

@@ -118,7 +118,8 @@ def logit_lens_static(lens, tokenizer, tokens: list[str], token_ids=(), k: int =
                                token_ids, k=k)
     return precomputed_explorer(show, {"depth": list(range(n_depth)), "position": names},
                                 title="logit lens: top tokens at one depth and position",
-                                default={"depth": n_depth - 1, "position": names[-1]})
+                                default={"depth": n_depth - 1, "position": names[-1]},
+                                live_below=True)
 
 
 def logit_lens_by_depth(lens, tokenizer, token_ids, position: int = -1, batch: int = 0,

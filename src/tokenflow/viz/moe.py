@@ -388,4 +388,4 @@ def moe_routing_static(num_experts=(8, 64, 256), top_k=(2, 6), world_size=(2, 8)
                "EP ranks W": list(world_size)},
         title=f"B x S = {batch_size} x {seq_len} random tokens, H = {hidden_size}, "
               f"{bytes_per_element} B/element",
-        default={"experts E": 64, "top-k K": 6, "EP ranks W": 8})
+        default={"experts E": 64, "top-k K": 6, "EP ranks W": 8}, live_below=True)

@@ -186,4 +186,4 @@ def roofline_static(config, hw_names=("H800", "H200"), batch=(1, 8, 64, 256),
             config, hardware, phase, batch, context_len, EP, **kw)),
         {"hardware": list(hw_names), "batch": list(batch), "EP": list(ep_size)},
         default=default, title=f"{config.name}, {phase}, context {context_len:,}: one step "
-                               f"on one GPU")
+                               f"on one GPU", live_below=True)

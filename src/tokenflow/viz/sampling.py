@@ -266,4 +266,4 @@ def sampling_static(logits, tokenizer, temperature=(0.5, 1.0, 2.0), top_k=(3, 50
                "min-p": list(min_p)},
         title=f"the {n} most likely tokens; drawn with seed {seed}",
         default={"temperature": min(temperature, key=lambda t: abs(t - 1.0)),
-                 "top-k": max(top_k), "top-p": max(top_p), "min-p": min(min_p)})
+                 "top-k": max(top_k), "top-p": max(top_p), "min-p": min(min_p)}, live_below=True)

@@ -391,4 +391,5 @@ def serving_static(model, token_ids: list[int], requests=(4, 8, 16), max_num_seq
         lambda requests, seats, block: serving_summary_table(serving_counts(
             model, token_ids, requests, prompt_len, output_len, seats, block)),
         {"requests": list(requests), "seats": list(max_num_seqs), "block": list(block_size)},
-        default=default, title=f"serving: {prompt_len}-token prompts + {output_len} new tokens")
+        default=default, title=f"serving: {prompt_len}-token prompts + {output_len} new tokens",
+        live_below=True)

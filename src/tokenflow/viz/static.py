@@ -3,7 +3,9 @@ notebook runs and embedded in one HTML block, with a few lines of inline JavaScr
 output matching the controls.
 
 The static HTML book, a trusted notebook in JupyterLab and an exported HTML file all show it; no
-kernel, no widget manager and no network are needed. The live ``ipywidgets`` version of a chapter's
+kernel, no widget manager and no network are needed. An untrusted notebook in JupyterLab (whose
+stored outputs lose their scripts) shows the default output and "run this cell" instead of
+controls that cannot move. The live ``ipywidgets`` version of a chapter's
 explorer stays for readers who run the notebook.
 """
 from __future__ import annotations
@@ -17,7 +19,8 @@ import numbers
 
 from .fmt import Table
 
-__all__ = ["precomputed_explorer", "PrecomputedExplorer", "MAX_OUTPUTS", "MAX_HTML_BYTES"]
+__all__ = ["precomputed_explorer", "PrecomputedExplorer", "MAX_OUTPUTS", "MAX_HTML_BYTES",
+           "RUN_NOTE", "LIVE_NOTE"]
 
 MAX_OUTPUTS = 48
 """Most combinations one explorer embeds (each figure adds ~30-80 KB to the page)."""
@@ -35,6 +38,38 @@ _JS = ("var x=this.closest('.tf-explorer'),k=[];"
        "if(v){v.textContent=JSON.parse(e.getAttribute('data-labels'))[e.value];}});"
        "k=k.join('-');x.querySelectorAll('.tf-out').forEach(function(o){"
        "o.style.display=o.getAttribute('data-key')==k?'':'none';});")
+
+
+RUN_NOTE = ("Stored output of the default setting. To move the controls, run this cell "
+            "(Shift+Enter) or trust the notebook.")
+"""What an explorer says where its controls cannot work (an untrusted notebook in JupyterLab)."""
+
+# Run where scripts run: show the controls and the "precomputed" note, hide the "run" note.
+_REVEAL = ("(function(){var s=document.currentScript,x=s&&s.closest('.tf-explorer');if(!x)return;"
+           "x.querySelector('.tf-controls').style.display='';"
+           "x.querySelector('.tf-note-live').style.display='';"
+           "x.querySelector('.tf-note-run').style.display='none';})();")
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+LIVE_NOTE = ("The live explorer a few cells below replaces this precomputed one while the "
+             "kernel runs; the book shows the precomputed one.")
+"""What a precomputed explorer with a live one below shows in a running JupyterLab session."""
+
+
+def _live_note_view() -> dict | None:
+    """The widget-view data of an ``ipywidgets.HTML`` holding :data:`LIVE_NOTE`, or None when
+    no IPython kernel runs (a plain script, the tests) or ipywidgets is missing."""
+    try:
+        from IPython import get_ipython
+        shell = get_ipython()
+        if shell is None or not hasattr(shell, "kernel"):
+            return None
+        import ipywidgets
+    except ImportError:
+        return None
+    note = ipywidgets.HTML(f'<span class="tf-note">{html.escape(LIVE_NOTE)}</span>')
+    return note._repr_mimebundle_().get(WIDGET_VIEW)
 
 
 def _render(out, kind: str) -> str:
@@ -145,13 +180,31 @@ def _check_controls(controls, default) -> dict:
 
 class PrecomputedExplorer:
     """What :func:`precomputed_explorer` returns: shows as HTML (controls + all outputs) in the
-    book and JupyterLab, and as a one-line summary in text (what nbval compares)."""
+    book and JupyterLab, and as a one-line summary in text (what nbval compares).
 
-    def __init__(self, controls: dict, fragments: dict, default: dict, title: str | None):
+    With ``live_below`` (a live ``ipywidgets`` explorer of the same thing follows a few cells
+    below) and a running kernel, the output also carries a small widget, :data:`LIVE_NOTE`:
+    JupyterLab draws a widget in preference to HTML in a running session, so after "Run All"
+    this cell says where the live controls are instead of showing a second set. The book
+    (_config.yml ranks widget views below HTML) and an untrusted notebook (which draws no
+    widget) show the precomputed HTML."""
+
+    def __init__(self, controls: dict, fragments: dict, default: dict, title: str | None,
+                 live_below: bool = False):
         self.controls = {k: list(v) for k, v in controls.items()}
         self.fragments = fragments   # "i-j-..." (value indices) -> HTML fragment
         self.default = default       # control name -> default index
         self.title = title
+        self.live_below = live_below
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        """text/plain and text/html; plus the :data:`LIVE_NOTE` widget's view when
+        ``live_below`` and a kernel with ipywidgets is running (see the class docstring)."""
+        bundle = {"text/plain": repr(self), "text/html": self._repr_html_()}
+        view = _live_note_view() if self.live_below else None
+        if view is not None:
+            bundle[WIDGET_VIEW] = view
+        return bundle
 
     def __repr__(self) -> str:
         grid = " x ".join(f"{name} ({len(v)} values)" for name, v in self.controls.items())
@@ -159,21 +212,30 @@ class PrecomputedExplorer:
         return f"{head}precomputed explorer: {grid} = {len(self.fragments)} outputs"
 
     def _repr_html_(self) -> str:
+        """The controls, the notes and every output. The controls and the "precomputed" note
+        start hidden, next to a "run this cell" note; the inline :data:`_REVEAL` script swaps
+        them. It runs wherever the controls can work (the book, an exported page, JupyterLab
+        once the notebook is trusted or the cell ran); JupyterLab's sanitizer drops scripts and
+        event handlers of an untrusted notebook's stored outputs, leaving the stored default
+        output and the note, and no control that cannot move."""
         shown = "-".join(str(i) for i in self.default.values())
         hide = ' style="display:none"'
         outs = "\n".join(
             f'<div class="tf-out" data-key="{key}"{"" if key == shown else hide}>{frag}</div>'
             for key, frag in self.fragments.items())
         title = f'<div class="tf-title">{html.escape(self.title)}</div>' if self.title else ""
-        note = ('<div class="tf-note">Precomputed when the notebook ran: moving a control '
-                'shows the stored output for that setting (no kernel needed).</div>')
-        return (f'<div class="tf-explorer">{title}\n<div class="tf-controls">\n'
-                f"{_controls_html(self.controls, self.default)}\n</div>\n{note}\n"
-                f"{outs}\n</div>")
+        note = (f'<div class="tf-note tf-note-live"{hide}>Precomputed when the notebook ran: '
+                'moving a control shows the stored output for that setting (no kernel '
+                'needed).</div>')
+        run = (f'<div class="tf-note tf-note-run">{html.escape(RUN_NOTE)}</div>')
+        return (f'<div class="tf-explorer">{title}\n<div class="tf-controls"{hide}>\n'
+                f"{_controls_html(self.controls, self.default)}\n</div>\n{note}\n{run}\n"
+                f"{outs}\n<script>{_REVEAL}</script>\n</div>")
 
 
 def precomputed_explorer(fn, controls: dict, *, title: str | None = None, kind: str = "auto",
-                         default: dict | None = None) -> PrecomputedExplorer:
+                         default: dict | None = None,
+                         live_below: bool = False) -> PrecomputedExplorer:
     """Call ``fn(**combo)`` for every combination of the control values now, and return an
     object that shows all outputs behind one control per entry of ``controls`` (a slider for
     numeric values, a drop-down otherwise), with inline JavaScript that shows the output for
@@ -187,6 +249,10 @@ def precomputed_explorer(fn, controls: dict, *, title: str | None = None, kind: 
         kind: ``"auto"`` (Figure -> PNG, ``_repr_html_`` -> HTML, else text), or force
             ``"png"``, ``"svg"``, ``"html"``, ``"text"``.
         default: control name -> value shown first (default: each control's first value).
+        live_below: a code cell further down shows a live ``ipywidgets`` explorer of the same
+            thing;
+            in a running JupyterLab session this one then shows a note instead of a second set
+            of controls (:class:`PrecomputedExplorer`).
 
     Figures are saved (PNG at :data:`PNG_DPI`, or SVG with a fixed hash salt) and closed, so
     the notebook does not show them a second time.
@@ -207,7 +273,7 @@ def precomputed_explorer(fn, controls: dict, *, title: str | None = None, kind: 
     if size > MAX_HTML_BYTES:
         raise ValueError(f"the explorer's outputs take {size:,} bytes; at most MAX_HTML_BYTES = "
                          f"{MAX_HTML_BYTES:,} (use fewer values or smaller figures)")
-    return PrecomputedExplorer(controls, fragments, index, title)
+    return PrecomputedExplorer(controls, fragments, index, title, live_below)
 
 
 def _render_call(fn, combo: dict, kind: str) -> str:

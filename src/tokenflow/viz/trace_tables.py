@@ -68,7 +68,8 @@ def trace_shapes_static(config, batch=(1, 2, 8), seq_len=(1, 5, 64), experts=(2,
     return precomputed_explorer(
         lambda B, S, E: trace_shapes_table(config, B, S, E),
         {"B": list(batch), "S": list(seq_len), "E": list(experts)},
-        default=default, title="trace shapes for batch B, sequence length S, experts E")
+        default=default, title="trace shapes for batch B, sequence length S, experts E",
+        live_below=True)
 
 
 def decode_trace_static(config, batch_size=(1, 2, 4, 8), seq_len=(1, 8, 32),
@@ -84,7 +85,7 @@ def decode_trace_static(config, batch_size=(1, 2, 4, 8), seq_len=(1, 8, 32),
                "experts E": list(num_experts)},
         title="trace of a random-weight model, blocks 0 and 1",
         default={"batch B": batch_size[0], "seq len S": seq_len[min(1, len(seq_len) - 1)],
-                 "experts E": num_experts[min(1, len(num_experts) - 1)]})
+                 "experts E": num_experts[min(1, len(num_experts) - 1)]}, live_below=True)
 
 
 WEIGHT_PARTS = {"embedding": ("embedding",), "attention": ("attention", "norms"),
