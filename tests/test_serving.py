@@ -381,6 +381,20 @@ def test_scheduler_preempts_the_newest_and_recomputes_it():
     assert sorted(bm.free_block_ids) == list(range(4))
 
 
+def test_preempted_request_has_nothing_computed_while_it_waits():
+    """Between its preemption and its readmission a request holds no blocks and no
+    computed tokens (``num_computed_tokens`` is 0 after a preemption)."""
+    bm = BlockManager(4, BLOCK)
+    sched = Scheduler(bm, max_num_seqs=2, max_num_batched_tokens=16)
+    old, new = _sreq("old", 4, 8), _sreq("new", 4, 8)
+    sched.add(old)
+    sched.add(new)
+    seen = []
+    _drive(sched, before_step=lambda i: seen.append(
+        (new.status.value, new.num_computed_tokens, len(new.block_table))))
+    assert seen[6:8] == [("waiting", 0, 0)] * 2 and seen[5] == ("running", 8, 2)
+
+
 def test_scheduler_finishes_on_eos():
     sched = Scheduler(BlockManager(8, BLOCK), max_num_seqs=2, max_num_batched_tokens=8)
     r = _sreq("r", 3, 10, eos=7)
@@ -446,3 +460,53 @@ def test_static_batching_waits_for_the_running_batch_even_with_free_seats():
     sched.add(_sreq("a", 3, 4))
     plans = _drive(sched, before_step=lambda i: i == 1 and sched.add(_sreq("b", 3, 1)))
     assert plans == [[("a", 0, 3)], [("a", 3, 1)], [("a", 4, 1)], [("a", 5, 1)], [("b", 0, 3)]]
+
+
+# ------------------------------------------------------------------- mutation-test additions
+def test_partly_computed_block_is_keyed_only_once_full():
+    """After a 6-token prefill block 1 holds 2 computed tokens: it must not be keyed yet.
+    Once decode fills it, it is keyed with its 4 tokens, so a follow-up turn hits it too."""
+    bm = BlockManager(8, BLOCK)
+    a = _req("a", list(range(40, 46)))                  # 6 tokens: 1 full block + 2
+    bm.allocate(a)
+    _computed(bm, a)
+    assert bm.blocks[a.block_table[1]].hash is None
+    a.output_token_ids += [50, 51]                       # now 8 tokens, 2 full blocks
+    bm.append_slot(a)
+    _computed(bm, a)
+    b = _req("b", a.token_ids + [52])
+    bm.allocate(b)
+    assert b.num_cached_tokens == 8 and b.block_table[:2] == a.block_table
+
+
+def test_reused_block_loses_its_old_key():
+    """a = X + T is freed; b = Y + T takes a's T block again (new K/V, other prefix). Then
+    c = X + T + z must hit X only: a's old key for T must not lead to b's block."""
+    bm = BlockManager(3, BLOCK)
+    X, Y, T = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]
+    a = _req("a", X + T)
+    bm.allocate(a)
+    _computed(bm, a)
+    bm.free(a)                                          # free list [2, t, x]
+    b = _req("b", Y + T)
+    bm.allocate(b)                                      # takes 2 and a's T block
+    assert a.block_table == [] and bm.num_free_blocks == 1
+    _computed(bm, b)
+    bm.free(b)
+    c = _req("c", X + T + [13])
+    bm.allocate(c)
+    assert c.num_cached_tokens == 4
+
+
+def test_preempted_request_goes_back_before_later_arrivals():
+    """As the preemption test above, with a third request waiting for a seat: "new",
+    preempted, goes to the front of ``waiting`` and is admitted again before "late"."""
+    bm = BlockManager(4, BLOCK)
+    sched = Scheduler(bm, max_num_seqs=2, max_num_batched_tokens=16)
+    old, new, late = _sreq("old", 4, 8), _sreq("new", 4, 8), _sreq("late", 4, 2)
+    for r in (old, new, late):
+        sched.add(r)
+    plans = _drive(sched)
+    assert plans[5:9] == [[("old", 8, 1), ("preempted", "new")], [("old", 9, 1)],
+                          [("old", 10, 1)], [("new", 4, 5), ("late", 0, 4)]]
+    assert [r.finish_reason for r in (old, new, late)] == ["length"] * 3

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from tokenflow import generate
-from tokenflow.serving import LLMEngine, RequestOutput, SamplingParams, request_timeline
+from tokenflow.serving import (LLMEngine, RequestOutput, SamplingParams, request_timeline,
+                               run_with_arrivals)
 from tokenflow.serving import sampler as sampler_mod
 
 from conftest import wide_random_model
@@ -697,3 +698,98 @@ def test_n_samples_in_run_abort_and_ids(model):
     assert engine.abort(rid) is True and engine.abort(rid) is False
     assert [engine.outputs[(rid, i)].finish_reason for i in range(3)] == ["abort"] * 3
     assert _all_blocks_free(engine)
+
+
+# =================================================================== mutation-test additions
+def test_logprobs_may_ask_for_the_whole_vocabulary(model):
+    """``logprobs=vocab_size`` is the top of the range: every token's log-probability, the
+    probabilities summing to 1; one more is refused."""
+    V = model.config.vocab_size
+    engine = _engine(model)
+    o = engine.run([_ids(5, 160)], SamplingParams(2, logprobs=V), use_tqdm=False)[0]
+    assert [len(lp) for lp in o.logprobs] == [V, V]
+    assert math.isclose(sum(math.exp(v) for v in o.logprobs[0].values()), 1.0, rel_tol=1e-4)
+    with pytest.raises(ValueError, match="logprobs"):
+        engine.add_request([5], SamplingParams(2, logprobs=V + 1))
+
+
+def test_request_one_token_over_the_pool_is_rejected(model):
+    """4 blocks of 4: prompt + max_new_tokens = 16 runs, 17 (5 blocks) is rejected at once
+    (it could never be admitted) and says why; the other request is unaffected."""
+    engine = _engine(model, num_blocks=4)
+    prompt, sp = _ids(12, 161), SamplingParams(4, ignore_eos=True)
+    over = engine.outputs[engine.add_request(prompt + [9], sp)]   # rejected when added
+    assert over.finish_reason == "rejected" and "num_blocks=4" in over.reason
+    assert not engine.has_unfinished()
+    ok = engine.run([prompt], sp, use_tqdm=False)[0]
+    assert ok.finish_reason == "length" and ok.output_token_ids == _greedy_ref(model, prompt, 4)
+
+
+def test_n_samples_wait_for_the_whole_prompt_of_sample_0(model):
+    """Sample 0's 14-token prompt takes two steps (budget 13): samples 1 and 2 are admitted
+    only in the step after its last prompt token was computed, never with it."""
+    prompt = _ids(14, 162)
+    engine = _engine(model, max_num_batched_tokens=13)
+    rid = engine.add_request(prompt, SamplingParams(3, 1.0, seed=5, n=3, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    assert [s.prefill for s in engine.steps] == [
+        [((rid, 0), 13)], [((rid, 0), 1)], [((rid, 1), 2), ((rid, 2), 2)]]
+    _drain(engine)
+    assert [engine.outputs[(rid, i)].num_cached_tokens for i in range(3)] == [0, 12, 12]
+
+
+def test_metrics_count_aborts_and_errors_apart(model, monkeypatch):
+    """Two aborted requests, one failed, one finished: the counts do not mix."""
+    engine = _engine(model)
+    ids = [engine.add_request(_ids(5, 163 + i), SamplingParams(4, seed=i)) for i in range(4)]
+    engine.step()
+    assert engine.abort(ids[0]) and engine.abort(ids[1])
+    _fail_for_seed(monkeypatch, 2)
+    _drain(engine)
+    m = engine.metrics()
+    assert (m["num_aborted"], m["num_errors"], m["num_requests"]) == (2, 1, 4)
+    assert [engine.outputs[i].finish_reason for i in ids] == ["abort", "abort", "error",
+                                                               "length"]
+
+
+def test_decode_rows_are_attended_as_one_batch(model):
+    """A step with decode rows and a prompt chunk puts the decode rows first, so the packed
+    step attends them as one batch (``num_decode``), whatever the plan's order."""
+    engine = _engine(model)
+    seen, forward = [], engine.model.forward_packed
+
+    def spy(ids, step, *a):
+        seen.append((step.num_decode, step.cu_seqlens_q.tolist()))
+        return forward(ids, step, *a)
+
+    engine.model.forward_packed = spy
+    try:
+        engine.add_request(_ids(5, 170), SamplingParams(6, ignore_eos=True))
+        engine.add_request(_ids(6, 171), SamplingParams(6, ignore_eos=True))
+        engine.step()                                            # two prompts
+        engine.add_request(_ids(18, 172), SamplingParams(2, ignore_eos=True))
+        engine.step()                                            # 2 decodes + 14-token chunk
+        engine.step()                                            # 2 decodes + 4-token chunk
+    finally:
+        del engine.model.forward_packed
+    assert seen == [(0, [0, 5, 11]), (2, [0, 1, 2, 16]), (2, [0, 1, 2, 6])]
+
+
+def test_throughput_counts_generated_tokens(model):
+    """``throughput_tok_s`` = generated tokens / elapsed, not the computed (prompt) tokens."""
+    engine = _engine(model)
+    engine.run([_ids(9, 173), _ids(7, 174)], SamplingParams(3, ignore_eos=True), use_tqdm=False)
+    m = engine.metrics()
+    assert (m["num_generated_tokens"], m["num_computed_tokens"]) == (6, 20)
+    assert m["throughput_tok_s"] == pytest.approx(6 / m["elapsed_s"])
+
+
+def test_arrivals_out_of_prompt_order(model):
+    """``arrival_steps`` need not be sorted: request 1 comes before step 0, request 0 before
+    step 2 (while request 1 still runs)."""
+    prompts = [_ids(5, 175), _ids(6, 176)]
+    sp = SamplingParams(5, ignore_eos=True)
+    outs, arrivals = run_with_arrivals(_engine(model), prompts, [sp, sp], [2, 0])
+    assert arrivals == {1: 0, 0: 2}
+    assert [o.output_token_ids for o in outs] == [_greedy_ref(model, p, 5) for p in prompts]
