@@ -141,10 +141,10 @@ class Scheduler:
         """Move waiting requests to running while budget, seats and blocks allow."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            src = req.prompt_source                    # sample i > 0 of an n > 1 request
+            src = req.prompt_source        # sample i > 0 of n > 1
             if src is not None and src.status is not RequestStatus.FINISHED and \
                     src.num_computed_tokens < len(src.prompt_token_ids):
-                break                                  # its prompt blocks are not cached yet
+                break                           # its prompt is not cached yet
             if not self.block_manager.can_allocate(req):
                 break
             self.waiting.popleft()
