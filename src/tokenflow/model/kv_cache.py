@@ -134,6 +134,8 @@ class PackedCacheStep(CacheStep):
             chunk ``[1, 1, S_i, L_i]`` (causal; :func:`attention_mask_for`).
         rows: storage data computed once per step for every layer (the paged cache's pool
             rows, :func:`tokenflow.serving.paged_kv_cache.pool_rows`).
+        cu: ``(cu_seqlens_q, cu_seqlens_k)`` as Python lists (what the per-sequence slices
+            read; filled from the tensors if the storage left it empty).
         (``start`` is 0 and ``mask`` None: the masks are per sequence.)
     """
 
@@ -145,6 +147,7 @@ class PackedCacheStep(CacheStep):
     decode_len: int = 0
     masks: list = field(default_factory=list)
     rows: dict = field(default_factory=dict)
+    cu: tuple = ()
 
     @property
     def num_tokens(self) -> int:
@@ -153,9 +156,9 @@ class PackedCacheStep(CacheStep):
 
     def _cu_lists(self) -> tuple[list[int], list[int]]:
         """``cu_seqlens_q`` and ``cu_seqlens_k`` as Python lists (read once per step)."""
-        if "cu" not in self.rows:
-            self.rows["cu"] = (self.cu_seqlens_q.tolist(), self.cu_seqlens_k.tolist())
-        return self.rows["cu"]
+        if not self.cu:
+            self.cu = (self.cu_seqlens_q.tolist(), self.cu_seqlens_k.tolist())
+        return self.cu
 
     def attend_each(self, attend, queries: tuple, entries: tuple) -> torch.Tensor:
         """Attention where each sequence's queries see only its own context.
@@ -164,20 +167,23 @@ class PackedCacheStep(CacheStep):
             attend: ``attend(*q, *e, mask) -> [B, heads, S, dim]``, the layer's attention
                 on a batch of ``B`` sequences (``q [B, heads, S, .]``, ``e [B, heads, L, .]``).
             queries: tensors ``[1, heads, T, .]`` (new tokens end to end).
-            entries: tensors ``[1, heads, cu_k[n], .]`` (from ``update``).
+            entries: tensors ``[heads * cu_k[n], .]`` (from ``update``): the sequences'
+                contexts one after the other, each ``[heads, L_i, .]``.
 
         Returns:
             ``[1, heads, T, dim]``: the sequences' outputs, end to end again.
         """
         out, n, L = [], self.num_decode, self.decode_len
-        if n:                                   # decode rows: [n, heads, 1 | L, .], one call
-            q_d = [q[:, :, :n].transpose(0, 2) for q in queries]              # [n, h, 1, .]
-            e_d = [e[0, :, :n * L].unflatten(1, (n, L)).transpose(0, 1) for e in entries]
-            out.append(attend(*q_d, *e_d, self.masks[0]).transpose(0, 2))     # [1, h, n, dim]
         cu_q, cu_k = self._cu_lists()
+        heads = [e.shape[0] // cu_k[-1] for e in entries]
+        if n:                                   # decode rows: [n, heads, 1 | L, .], one call
+            q_d = [q.transpose(0, 2)[:n] for q in queries]                    # [n, h, 1, .]
+            e_d = [e[:n * h * L].view(n, h, L, -1) for e, h in zip(entries, heads)]
+            out.append(attend(*q_d, *e_d, self.masks[0]).transpose(0, 2))     # [1, h, n, dim]
         for i, mask in zip(range(n, len(cu_q) - 1), self.masks[1 if n else 0:]):
             q_i = [q[:, :, cu_q[i]:cu_q[i + 1]] for q in queries]          # [1, h, S_i, .]
-            e_i = [e[:, :, cu_k[i]:cu_k[i + 1]] for e in entries]          # [1, h, L_i, .]
+            e_i = [e[h * cu_k[i]:h * cu_k[i + 1]].view(1, h, cu_k[i + 1] - cu_k[i], -1)
+                   for e, h in zip(entries, heads)]                        # [1, h, L_i, .]
             out.append(attend(*q_i, *e_i, mask))                           # [1, h, S_i, dim]
         return torch.cat(out, dim=2) if len(out) > 1 else out[0]           # [1, h, T, dim]
 
