@@ -124,9 +124,12 @@ class PackedCacheStep(CacheStep):
     Attributes:
         positions: ``[1, T]`` int64 RoPE position of each new token (its index in its own
             sequence); the model runs the ``T`` tokens as one row ``[1, T, H]``.
-        cu_seqlens_q: ``[n+1]`` int64, sequence ``i``'s new tokens are ``[cu_q[i], cu_q[i+1])``
-            of ``T``.
-        cu_seqlens_k: ``[n+1]`` int64, its gathered context is ``[cu_k[i], cu_k[i+1])``.
+        cu_q: ``n+1`` ints (``cu_seqlens_q``), sequence ``i``'s new tokens are
+            ``[cu_q[i], cu_q[i+1])`` of ``T``.
+        cu_k: ``n+1`` ints (``cu_seqlens_k``), its gathered context is
+            ``[cu_k[i], cu_k[i+1])``. Plain lists: the layers slice with them, and a tensor
+            would cost a sync per read (:attr:`cu_seqlens_q` / :attr:`cu_seqlens_k` give
+            the tensors a GPU kernel would take).
         slot_mapping: ``[T]`` int64 pool slot each new token is written to.
         context_slots: ``[cu_k[n]]`` int64 pool slot of every gathered context entry.
         num_decode, decode_len: decode rows first, and the width of their windows.
@@ -134,31 +137,32 @@ class PackedCacheStep(CacheStep):
             chunk ``[1, 1, S_i, L_i]`` (causal; :func:`attention_mask_for`).
         rows: storage data computed once per step for every layer (the paged cache's pool
             rows, :func:`tokenflow.serving.paged_kv_cache.pool_rows`).
-        cu: ``(cu_seqlens_q, cu_seqlens_k)`` as Python lists (what the per-sequence slices
-            read; filled from the tensors if the storage left it empty).
         (``start`` is 0 and ``mask`` None: the masks are per sequence.)
     """
 
-    cu_seqlens_q: torch.Tensor = None
-    cu_seqlens_k: torch.Tensor = None
+    cu_q: list = field(default_factory=list)
+    cu_k: list = field(default_factory=list)
     slot_mapping: torch.Tensor = None
     context_slots: torch.Tensor = None
     num_decode: int = 0
     decode_len: int = 0
     masks: list = field(default_factory=list)
     rows: dict = field(default_factory=dict)
-    cu: tuple = ()
 
     @property
     def num_tokens(self) -> int:
         """``T``: the positions this step computes (the sum of its sequences' new tokens)."""
         return self.positions.shape[1]
 
-    def _cu_lists(self) -> tuple[list[int], list[int]]:
-        """``cu_seqlens_q`` and ``cu_seqlens_k`` as Python lists (read once per step)."""
-        if not self.cu:
-            self.cu = (self.cu_seqlens_q.tolist(), self.cu_seqlens_k.tolist())
-        return self.cu
+    @property
+    def cu_seqlens_q(self) -> torch.Tensor:
+        """``cu_q`` as an ``[n+1]`` int64 tensor."""
+        return torch.tensor(self.cu_q, device=self.positions.device)
+
+    @property
+    def cu_seqlens_k(self) -> torch.Tensor:
+        """``cu_k`` as an ``[n+1]`` int64 tensor."""
+        return torch.tensor(self.cu_k, device=self.positions.device)
 
     def attend_each(self, attend, queries: tuple, entries: tuple) -> torch.Tensor:
         """Attention where each sequence's queries see only its own context.
@@ -174,7 +178,7 @@ class PackedCacheStep(CacheStep):
             ``[1, heads, T, dim]``: the sequences' outputs, end to end again.
         """
         out, n, L = [], self.num_decode, self.decode_len
-        cu_q, cu_k = self._cu_lists()
+        cu_q, cu_k = self.cu_q, self.cu_k
         heads = [e.shape[0] // cu_k[-1] for e in entries]
         if n:                                   # decode rows: [n, heads, 1 | L, .], one call
             q_d = [q.transpose(0, 2)[:n] for q in queries]                    # [n, h, 1, .]

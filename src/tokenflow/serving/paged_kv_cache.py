@@ -228,11 +228,9 @@ class PagedKVCache(CacheStorage):
         masks += [attention_mask_for(torch.ones(1, L, dtype=torch.bool, device=dev), c, m)
                   for c, m, L in zip(num_cached[n_dec:], num_new[n_dec:], total[n_dec:])]
         step = PackedCacheStep(0, torch.tensor([positions], device=dev), None,
-                               cu_seqlens_q=torch.tensor(cu_q, device=dev),
-                               cu_seqlens_k=torch.tensor(cu_k, device=dev),
-                               slot_mapping=slots[new_at], context_slots=slots,
-                               num_decode=n_dec, decode_len=width, masks=masks,
-                               cu=(cu_q, cu_k))
+                               cu_q=cu_q, cu_k=cu_k, slot_mapping=slots[new_at],
+                               context_slots=slots, num_decode=n_dec, decode_len=width,
+                               masks=masks)
         for heads in {h for _, h, _ in self.entries}:
             rows = pool_rows(slots, heads, bs)                              # [cu_k[n], heads]
             step.rows[heads] = (_by_sequence(rows, n_dec, width, cu_k),
