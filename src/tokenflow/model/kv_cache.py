@@ -119,7 +119,8 @@ class PackedCacheStep(CacheStep):
     the decode rows as ``num_decode`` windows of ``decode_len`` slots (``L_i`` real tokens at
     the right, masked slots before: one batched attention call reads them all, as a decode
     kernel reads each row's block table up to its length), then each chunk's context end to
-    end (one attention call each).
+    end (one attention call each). Each sequence's gathered context is one ``[heads, L_i,
+    dim]`` block, so the layers cut them out with views.
 
     Attributes:
         positions: ``[1, T]`` int64 RoPE position of each new token (its index in its own
