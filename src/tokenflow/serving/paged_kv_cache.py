@@ -231,6 +231,8 @@ class PagedKVCache(CacheStorage):
                                cu_q=cu_q, cu_k=cu_k, slot_mapping=slots[new_at],
                                context_slots=slots, num_decode=n_dec, decode_len=width,
                                masks=masks)
+        # every layer's gather (read) and write rows, once: read sequence by sequence, each
+        # [heads, L_i]; write head-major, as the new entries come ([1, heads, T, dim])
         for heads in {h for _, h, _ in self.entries}:
             rows = pool_rows(slots, heads, bs)                              # [cu_k[n], heads]
             step.rows[heads] = (_by_sequence(rows, n_dec, width, cu_k),
