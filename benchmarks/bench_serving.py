@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_serving.py            # about 4 minutes on one core
     .venv/bin/python benchmarks/bench_serving.py --pairs 5 --no-hf
+    .venv/bin/python benchmarks/bench_serving.py --quick --pairs 5   # 4 and 5, mixed only (~1 min)
 
 Prints each ratio measured in this one run (nothing here is asserted by the tests). Single
 times are the best of the repeats (:mod:`tokenflow.inference.phases`, the timers chapter 05 plots);
@@ -152,12 +153,29 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=3, help="alternating pairs per comparison")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    p.add_argument("--quick", action="store_true",
+                   help="only the packing and transformers comparisons (4, 5), mixed workload")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     print(machine(a.threads))
     model = with_context_length(load_pretrained()[0], MAX_POS)
     rows = []
 
+    work = {"mixed": workload(), "long": long_workload()}
+    serve(model, work["mixed"][0][:2], work["mixed"][1][:2])                  # warm-up
+    if a.quick:
+        del work["long"]
+    else:
+        _phases_and_batching(model, work["mixed"], a, rows)
+    _packing_and_peer(model, work, a, rows)
+    print(f"\n| measure ({a.threads} thread{'s' * (a.threads > 1)}) | this run | target |")
+    print("|---|---:|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+def _phases_and_batching(model, mixed, a, rows: list) -> None:
+    """Sections 1-3 of the module docstring."""
     t64, t1024 = time_decode(model, [64, 1024], repeats=a.repeats)
     print(f"1. decode step with cache: context 64 {t64 * 1e3:.3f} ms, context 1024 "
           f"{t1024 * 1e3:.3f} ms; ratio 1024/64 = {t1024 / t64:.2f} (target <= 2.0)")
@@ -169,9 +187,7 @@ def main() -> None:
           f"{full * 1e3:.3f} ms; ratio = {full / cached:.1f}x (target >= 5x)")
     rows.append(("cached vs recompute, context 512", f"{full / cached:.1f}x", ">= 5x"))
 
-    work = {"mixed": workload(), "long": long_workload()}
-    serve(model, work["mixed"][0][:2], work["mixed"][1][:2])                  # warm-up
-    prompts, new = work["mixed"]
+    prompts, new = mixed
     r, t_cont, t_static, _, _ = paired(lambda: serve(model, prompts, new)[:2],
                                        lambda: serve(model, prompts, new,
                                                      static_batching=True)[:2], a.pairs)
@@ -179,6 +195,9 @@ def main() -> None:
           f"tok/s, static {sum(new) / t_static:.0f} tok/s; ratio = {r:.2f}x (target >= 1.5x)")
     rows.append(("continuous vs static batching (mixed)", f"{r:.2f}x", ">= 1.5x"))
 
+
+def _packing_and_peer(model, work: dict, a, rows: list) -> None:
+    """Sections 4 and 5 of the module docstring, on each workload of ``work``."""
     for name, (prompts, new) in work.items():
         _, _, packed = serve(model, prompts, new)
         _, _, padded = serve(model, prompts, new, padded=True)
@@ -211,11 +230,6 @@ def main() -> None:
                   f">= 1.5x); greedy outputs {'identical' if same else 'DIFFERENT'}")
             rows.append((f"ours vs transformers generate_batch ({name})", f"{r:.2f}x"
                          + ("" if same else " (outputs differ)"), ">= 1.5x"))
-
-    print(f"\n| measure ({a.threads} thread{'s' * (a.threads > 1)}) | this run | target |")
-    print("|---|---:|---|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":

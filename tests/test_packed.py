@@ -70,6 +70,30 @@ def test_packed_step_by_hand():
     assert causal.tolist() == [[j <= i for j in range(7)] for i in (4, 5, 6)]
 
 
+def test_packed_update_writes_and_gathers_each_sequence_as_one_block():
+    """``update`` of the hand-worked step writes the new entries at their slots and returns
+    each sequence's context as one ``[heads, L_i, dim]`` block, one after the other (the
+    decode windows side by side: ``[2, heads, 6, dim]``), read back from the pool."""
+    cfg = random_model().config
+    cache = PagedKVCache(cfg, 12, BLOCK)
+    g = torch.Generator().manual_seed(0)
+    for pool in cache.layers[1]:
+        pool.copy_(torch.randn(pool.shape, generator=g))
+    step = cache.packed_step([[7, 2], [5], [9, 3]], [5, 2, 4], [1, 1, 3])
+    new = [torch.randn(1, heads, 5, dim, generator=g) for _, heads, dim in cache.entries]
+    out = cache.update(1, step, *new)
+    slots, cu_k = step.context_slots, step.cu_k
+    for pool, x, e in zip(cache.layers[1], new, out):
+        _, heads, _, dim = pool.shape
+        by_slot = pool.transpose(1, 2).reshape(-1, heads, dim)      # [slots, heads, dim]
+        assert torch.equal(by_slot[step.slot_mapping], x[0].transpose(0, 1))
+        want = by_slot[slots].transpose(0, 1)                        # [heads, cu_k[n], dim]
+        dec = e[:2 * heads * 6].view(2, heads, 6, dim)
+        for i in range(3):
+            got = dec[i] if i < 2 else e[heads * cu_k[i]:].view(heads, -1, dim)
+            assert torch.equal(got, want[:, cu_k[i]:cu_k[i + 1]])
+
+
 def test_packed_step_rejects_a_short_block_table():
     cache = PagedKVCache(random_model().config, 4, BLOCK)
     with pytest.raises(ValueError, match="block_tables"):

@@ -288,10 +288,10 @@ def test_parameters_frozen_when_added(model):
 def _fail_for_seed(monkeypatch, seed, exc=ZeroDivisionError("planted")):
     real = sampler_mod.sample_token
 
-    def fake(logits, req):
+    def fake(logits, req, *greedy):
         if req.params.seed == seed:
             raise exc
-        return real(logits, req)
+        return real(logits, req, *greedy)
     monkeypatch.setattr(sampler_mod, "sample_token", fake)
 
 
@@ -319,12 +319,12 @@ def test_failure_after_some_tokens_keeps_them(model, monkeypatch):
     calls = {"n": 0}
     real = sampler_mod.sample_token
 
-    def fake(logits, req):
+    def fake(logits, req, *greedy):
         if req.request_id == "b":
             calls["n"] += 1
             if calls["n"] == 3:
                 raise RuntimeError("third draw")
-        return real(logits, req)
+        return real(logits, req, *greedy)
     monkeypatch.setattr(sampler_mod, "sample_token", fake)
     engine = _engine(model)
     prompt = _ids(6, 20)
@@ -793,3 +793,17 @@ def test_arrivals_out_of_prompt_order(model):
     outs, arrivals = run_with_arrivals(_engine(model), prompts, [sp, sp], [2, 0])
     assert arrivals == {1: 0, 0: 2}
     assert [o.output_token_ids for o in outs] == [_greedy_ref(model, p, 5) for p in prompts]
+
+
+def test_greedy_tokens_are_each_rows_argmax():
+    """The step's greedy rows sampled as one batch give each row's own argmax; a row with a
+    NaN and a sampled row are left to ``sample_token``; a missing row disables the batch."""
+    from types import SimpleNamespace as NS
+    g = torch.Generator().manual_seed(0)
+    logits = {i: torch.randn(50, generator=g) for i in "abcd"}
+    logits["c"][3] = float("nan")
+    reqs = [NS(request_id=i, params=NS(temperature=t))
+            for i, t in zip("abcd", (0.0, 0.0, 0.0, 0.8))]
+    assert sampler_mod.greedy_tokens(reqs, logits) == {i: int(logits[i].argmax()) for i in "ab"}
+    assert sampler_mod.greedy_tokens(reqs + [NS(request_id="e", params=NS(temperature=0.0))],
+                                     logits) == {}

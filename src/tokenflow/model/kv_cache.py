@@ -119,14 +119,18 @@ class PackedCacheStep(CacheStep):
     the decode rows as ``num_decode`` windows of ``decode_len`` slots (``L_i`` real tokens at
     the right, masked slots before: one batched attention call reads them all, as a decode
     kernel reads each row's block table up to its length), then each chunk's context end to
-    end (one attention call each).
+    end (one attention call each). Each sequence's gathered context is one ``[heads, L_i,
+    dim]`` block, so the layers cut them out with views.
 
     Attributes:
         positions: ``[1, T]`` int64 RoPE position of each new token (its index in its own
             sequence); the model runs the ``T`` tokens as one row ``[1, T, H]``.
-        cu_seqlens_q: ``[n+1]`` int64, sequence ``i``'s new tokens are ``[cu_q[i], cu_q[i+1])``
-            of ``T``.
-        cu_seqlens_k: ``[n+1]`` int64, its gathered context is ``[cu_k[i], cu_k[i+1])``.
+        cu_q: ``n+1`` ints (``cu_seqlens_q``), sequence ``i``'s new tokens are
+            ``[cu_q[i], cu_q[i+1])`` of ``T``.
+        cu_k: ``n+1`` ints (``cu_seqlens_k``), its gathered context is
+            ``[cu_k[i], cu_k[i+1])``. Plain lists: the layers slice with them, and a tensor
+            would cost a sync per read (:attr:`cu_seqlens_q` / :attr:`cu_seqlens_k` give
+            the tensors a GPU kernel would take).
         slot_mapping: ``[T]`` int64 pool slot each new token is written to.
         context_slots: ``[cu_k[n]]`` int64 pool slot of every gathered context entry.
         num_decode, decode_len: decode rows first, and the width of their windows.
@@ -137,8 +141,8 @@ class PackedCacheStep(CacheStep):
         (``start`` is 0 and ``mask`` None: the masks are per sequence.)
     """
 
-    cu_seqlens_q: torch.Tensor = None
-    cu_seqlens_k: torch.Tensor = None
+    cu_q: list = field(default_factory=list)
+    cu_k: list = field(default_factory=list)
     slot_mapping: torch.Tensor = None
     context_slots: torch.Tensor = None
     num_decode: int = 0
@@ -151,11 +155,15 @@ class PackedCacheStep(CacheStep):
         """``T``: the positions this step computes (the sum of its sequences' new tokens)."""
         return self.positions.shape[1]
 
-    def _cu_lists(self) -> tuple[list[int], list[int]]:
-        """``cu_seqlens_q`` and ``cu_seqlens_k`` as Python lists (read once per step)."""
-        if "cu" not in self.rows:
-            self.rows["cu"] = (self.cu_seqlens_q.tolist(), self.cu_seqlens_k.tolist())
-        return self.rows["cu"]
+    @property
+    def cu_seqlens_q(self) -> torch.Tensor:
+        """``cu_q`` as an ``[n+1]`` int64 tensor."""
+        return torch.tensor(self.cu_q, device=self.positions.device)
+
+    @property
+    def cu_seqlens_k(self) -> torch.Tensor:
+        """``cu_k`` as an ``[n+1]`` int64 tensor."""
+        return torch.tensor(self.cu_k, device=self.positions.device)
 
     def attend_each(self, attend, queries: tuple, entries: tuple) -> torch.Tensor:
         """Attention where each sequence's queries see only its own context.
@@ -164,20 +172,23 @@ class PackedCacheStep(CacheStep):
             attend: ``attend(*q, *e, mask) -> [B, heads, S, dim]``, the layer's attention
                 on a batch of ``B`` sequences (``q [B, heads, S, .]``, ``e [B, heads, L, .]``).
             queries: tensors ``[1, heads, T, .]`` (new tokens end to end).
-            entries: tensors ``[1, heads, cu_k[n], .]`` (from ``update``).
+            entries: tensors ``[heads * cu_k[n], .]`` (from ``update``): the sequences'
+                contexts one after the other, each ``[heads, L_i, .]``.
 
         Returns:
             ``[1, heads, T, dim]``: the sequences' outputs, end to end again.
         """
         out, n, L = [], self.num_decode, self.decode_len
+        cu_q, cu_k = self.cu_q, self.cu_k
+        heads = [e.shape[0] // cu_k[-1] for e in entries]
         if n:                                   # decode rows: [n, heads, 1 | L, .], one call
-            q_d = [q[:, :, :n].transpose(0, 2) for q in queries]              # [n, h, 1, .]
-            e_d = [e[0, :, :n * L].unflatten(1, (n, L)).transpose(0, 1) for e in entries]
+            q_d = [q.transpose(0, 2)[:n] for q in queries]                    # [n, h, 1, .]
+            e_d = [e[:n * h * L].view(n, h, L, -1) for e, h in zip(entries, heads)]
             out.append(attend(*q_d, *e_d, self.masks[0]).transpose(0, 2))     # [1, h, n, dim]
-        cu_q, cu_k = self._cu_lists()
         for i, mask in zip(range(n, len(cu_q) - 1), self.masks[1 if n else 0:]):
             q_i = [q[:, :, cu_q[i]:cu_q[i + 1]] for q in queries]          # [1, h, S_i, .]
-            e_i = [e[:, :, cu_k[i]:cu_k[i + 1]] for e in entries]          # [1, h, L_i, .]
+            e_i = [e[h * cu_k[i]:h * cu_k[i + 1]].view(1, h, cu_k[i + 1] - cu_k[i], -1)
+                   for e, h in zip(entries, heads)]                        # [1, h, L_i, .]
             out.append(attend(*q_i, *e_i, mask))                           # [1, h, S_i, dim]
         return torch.cat(out, dim=2) if len(out) > 1 else out[0]           # [1, h, T, dim]
 

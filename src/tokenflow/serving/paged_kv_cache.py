@@ -35,11 +35,13 @@ tokens lie end to end, ``input_ids [T]`` with ``T = sum(num_new)``.
 :class:`~tokenflow.model.kv_cache.PackedCacheStep`: ``positions [T]``, ``slot_mapping [T]``
 (where each new token is written), ``cu_seqlens_q [n+1]`` (where each sequence's new tokens
 start in ``T``) and ``cu_seqlens_k [n+1]`` (where its context, cached + new, starts in the
-gathered entries). ``update`` writes the ``T`` new entries and gathers the contexts,
-``[1, heads, cu_k[n], dim]``; attention then keeps each sequence to its own slice
-(``PackedCacheStep.attend_each``): the decode rows in one batched call (each reads a window
-as wide as the longest decode context, the unused slots masked: wasted keys, never a wasted
-position), each prompt chunk in a call of its own.
+gathered entries). ``update`` writes the ``T`` new entries and gathers the contexts one
+after the other, each sequence's as one ``[heads, L_i, dim]`` block; attention then keeps
+each sequence to its own block (``PackedCacheStep.attend_each``, views, no copy): the decode
+rows in one batched call (each reads a window as wide as the longest decode context, the
+unused slots masked: wasted keys, never a wasted position; their blocks side by side are
+one ``[n_dec, heads, width, dim]`` tensor), each prompt chunk in a call of its own. Every
+index a layer reads or writes is computed once per step, in ``packed_step``.
 
 Bytes per token (all layers) are the contiguous cache's; ``bytes_per_token()`` measured from
 the pools equals :func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token` (tested).
@@ -47,6 +49,7 @@ the pools equals :func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token` (
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 
@@ -90,6 +93,31 @@ def pool_rows(slots: torch.Tensor, heads: int, block_size: int) -> torch.Tensor:
     head = torch.arange(heads, device=slots.device) * block_size                  # [heads]
     first = (slots // block_size) * (heads * block_size) + slots % block_size     # [...]
     return first[..., None] + head                                                 # [..., heads]
+
+
+def _by_sequence(rows: torch.Tensor, n_dec: int, width: int, cu_k: list[int]
+                 ) -> torch.Tensor:
+    """The gathered entries' pool rows ``[cu_k[n], heads]`` reordered sequence by sequence,
+    head-major within each (``[heads, L_i]``), flat: the order in which a packed step's
+    ``update`` gathers, so that each sequence's context is one ``[heads, L_i, dim]`` block
+    (and the decode windows together one ``[n_dec, heads, width, dim]`` block)."""
+    heads = rows.shape[1]
+    parts = [rows[:n_dec * width].view(n_dec, width, heads).transpose(1, 2)] if n_dec else []
+    parts += [rows[a:b].T for a, b in zip(cu_k[n_dec:-1], cu_k[n_dec + 1:])]  # [heads, L_i]
+    return torch.cat([p.reshape(-1) for p in parts]) if len(parts) > 1 else \
+        parts[0].reshape(-1)                                         # [heads * cu_k[n]]
+
+
+def _decode_mask(valid: torch.Tensor, n_dec: int, width: int, shortest: int) -> torch.Tensor:
+    """The decode windows' mask ``[n_dec, 1, 1, width]``: the real slots of each window
+    (``valid``'s first ``n_dec * width`` entries). It is :func:`attention_mask_for` of
+    those rows, built without its checks: a decode row's new token is its window's last
+    slot, so causality hides nothing and every query sees itself. Marked ``sdpa_hint =
+    "none"`` when the ``shortest`` context fills its window (nothing is masked)."""
+    mask = valid[:n_dec * width].view(n_dec, 1, 1, width)
+    if shortest == width:
+        mask.sdpa_hint = "none"
+    return mask
 
 
 class PagedKVCache(CacheStorage):
@@ -182,34 +210,33 @@ class PagedKVCache(CacheStorage):
         total = [c + m for c, m in zip(num_cached, num_new)]               # L_i
         width = max(total[:n_dec], default=0)                              # decode_len
         lengths = [width] * n_dec + total[n_dec:]          # gathered entries per sequence
-        cu_q, cu_k = [0], [0]
-        for m, L in zip(num_new, lengths):
-            cu_q.append(cu_q[-1] + m)
-            cu_k.append(cu_k[-1] + L)
+        cu_q, cu_k = [0, *accumulate(num_new)], [0, *accumulate(lengths)]
         # each gathered entry: its sequence and its token index there; decode windows are
         # right-aligned, their first width - L_i entries are masked (token < 0)
-        seq = torch.arange(n, device=dev).repeat_interleave(torch.tensor(lengths, device=dev))
-        first = torch.tensor([k + (L - t) for k, L, t in zip(cu_k, lengths, total)],
+        seq = torch.repeat_interleave(torch.tensor(lengths, device=dev))   # [cu_k[n]]
+        first = torch.tensor([k + L - t for k, L, t in zip(cu_k, lengths, total)],
                              device=dev)                                   # [n] token 0 at
         token = torch.arange(cu_k[-1], device=dev) - first[seq]           # [cu_k[n]]
         valid = token >= 0
         token = token.clamp(min=0)
         slots = self._table_tensor(block_tables)[seq, token // bs] * bs + token % bs
-        start = torch.tensor(num_cached, device=dev)[seq]                  # first new token
-        is_new = valid & (token >= start)                                  # [cu_k[n]]
-        masks = [attention_mask_for(valid[:n_dec * width].view(n_dec, width), width - 1, 1)
-                 ] if n_dec else []                                        # [n_dec,1,1,width]
+        # where the T new tokens sit among the gathered entries (the last num_new of each)
+        new_at = [j for k, m in zip(cu_k[1:], num_new) for j in range(k - m, k)]   # [T]
+        positions = [j for c, t in zip(num_cached, total) for j in range(c, t)]    # [T]
+        new_at = torch.tensor(new_at, device=dev)
+        masks = [_decode_mask(valid, n_dec, width, min(total[:n_dec]))] if n_dec else []
         masks += [attention_mask_for(torch.ones(1, L, dtype=torch.bool, device=dev), c, m)
                   for c, m, L in zip(num_cached[n_dec:], num_new[n_dec:], total[n_dec:])]
-        step = PackedCacheStep(0, token[is_new][None], None,
-                               cu_seqlens_q=torch.tensor(cu_q, device=dev),
-                               cu_seqlens_k=torch.tensor(cu_k, device=dev),
-                               slot_mapping=slots[is_new], context_slots=slots,
-                               num_decode=n_dec, decode_len=width, masks=masks)
+        step = PackedCacheStep(0, torch.tensor([positions], device=dev), None,
+                               cu_q=cu_q, cu_k=cu_k, slot_mapping=slots[new_at],
+                               context_slots=slots, num_decode=n_dec, decode_len=width,
+                               masks=masks)
+        # every layer's gather (read) and write rows, once: read sequence by sequence, each
+        # [heads, L_i]; write head-major, as the new entries come ([1, heads, T, dim])
         for heads in {h for _, h, _ in self.entries}:
-            read = pool_rows(slots, heads, bs).T                            # [heads, cu_k[n]]
-            write = pool_rows(step.slot_mapping, heads, bs)                 # [T, heads]
-            step.rows[heads] = (read.reshape(-1), write.reshape(-1))
+            rows = pool_rows(slots, heads, bs)                              # [cu_k[n], heads]
+            step.rows[heads] = (_by_sequence(rows, n_dec, width, cu_k),
+                                rows[new_at].T.reshape(-1))                 # [heads * T]
         return step
 
     def _table_tensor(self, block_tables: list[list[int]]) -> torch.Tensor:
@@ -260,7 +287,9 @@ class PagedKVCache(CacheStorage):
         """See :meth:`CacheStorage.update`: write the real new tokens to
         ``step.slot_mapping``, then gather every row's ``L`` slots (``step.slots``).
         A :class:`PackedCacheStep`: write the ``T`` new tokens (``new`` are ``[1, heads, T,
-        dim]``), return the gathered contexts, ``[1, heads, cu_seqlens_k[-1], dim]``."""
+        dim]``), return the gathered contexts flat, ``[heads * cu_seqlens_k[-1], dim]``,
+        sequence after sequence, each ``[heads, L_i, dim]`` (cut by
+        :meth:`~tokenflow.model.kv_cache.PackedCacheStep.attend_each`)."""
         if isinstance(step, PackedCacheStep):
             return self._update_packed(layer_idx, step, new)
         B, L = step.slots.shape
@@ -279,8 +308,8 @@ class PagedKVCache(CacheStorage):
             _, heads, _, dim = pool.shape
             read, write = step.rows[heads]
             flat = pool.view(-1, dim)                        # [num_blocks*heads*bs, dim]
-            flat.index_copy_(0, write, x[0].transpose(0, 1).reshape(-1, dim))   # [T*heads, dim]
-            out.append(flat.index_select(0, read).view(1, heads, -1, dim))  # [1, h, cu_k[n], dim]
+            flat.index_copy_(0, write, x[0].reshape(-1, dim))                    # [heads*T, dim]
+            out.append(flat.index_select(0, read))          # [heads * cu_k[n], dim]
         return tuple(out)
 
     def read(self, layer_idx: int, stop: int) -> tuple[torch.Tensor, ...]:

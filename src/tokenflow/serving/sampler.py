@@ -17,7 +17,7 @@ import torch
 from tokenflow.inference.sampling import is_greedy, sample
 from .request import Request
 
-__all__ = ["SampledToken", "sample_token", "sample_requests"]
+__all__ = ["SampledToken", "sample_token", "sample_requests", "greedy_tokens"]
 
 
 @dataclass
@@ -31,11 +31,13 @@ class SampledToken:
     error: str | None = None
 
 
-def sample_token(logits: torch.Tensor, req: Request) -> SampledToken:
+def sample_token(logits: torch.Tensor, req: Request, greedy: int | None = None
+                 ) -> SampledToken:
     """The next token of ``req`` from its logits row ``[V]``.
 
     Greedy (``temperature < GREEDY_TEMPERATURE``) rows take the argmax of the logits as they
-    are, as :func:`tokenflow.inference.generate` does; other rows go through
+    are, as :func:`tokenflow.inference.generate` does (or ``greedy``, that argmax computed
+    already, by :func:`greedy_tokens`); other rows go through
     :func:`tokenflow.inference.sampling.sample` with ``req.generator``.
 
     Log-probabilities (when ``req.params.logprobs`` is an int ``n``): ``log_softmax`` of the
@@ -48,7 +50,9 @@ def sample_token(logits: torch.Tensor, req: Request) -> SampledToken:
         overflows float32); :func:`sample_requests` catches it.
     """
     p = req.params
-    if is_greedy(p.temperature) and bool(torch.isfinite(logits).all()):
+    if greedy is not None:
+        token = greedy
+    elif is_greedy(p.temperature) and bool(torch.isfinite(logits).all()):
         token = int(logits.argmax())
     else:
         token = int(sample(logits[None], p.temperature, p.top_k, p.top_p, p.min_p,
@@ -73,10 +77,32 @@ def sample_requests(reqs: list[Request], logits: dict) -> dict:
         ``{request_id: SampledToken}``; a request whose sampling raised gets
         ``SampledToken(None, error="<ExceptionType>: <message>")``.
     """
-    out = {}
+    out, greedy = {}, greedy_tokens(reqs, logits)
     for r in reqs:
         try:
-            out[r.request_id] = sample_token(logits[r.request_id], r)
+            out[r.request_id] = sample_token(logits[r.request_id], r, greedy.get(r.request_id))
         except Exception as e:                      # noqa: BLE001 (isolate one request)
             out[r.request_id] = SampledToken(None, error=f"{type(e).__name__}: {e}")
     return out
+
+
+def greedy_tokens(reqs: list[Request], logits: dict) -> dict:
+    """The argmax of every greedy request's logits row, for the whole step at once: one
+    ``isfinite`` and one ``argmax`` over the rows stacked ``[N, V]`` instead of a few small
+    ops per row (the same tokens: an argmax does not depend on the other rows).
+
+    Returns:
+        ``{request_id: token}`` for the greedy rows whose logits are all finite; the others
+        (sampled rows, rows with ``inf`` / ``NaN``) are left to :func:`sample_token`, and
+        so is every row if the rows cannot be stacked (a missing or misshapen row raises
+        there, for that request alone).
+    """
+    ids = [r.request_id for r in reqs if is_greedy(r.params.temperature)]
+    try:
+        rows = torch.stack([logits[i] for i in ids]) if ids else None          # [N, V]
+    except (KeyError, RuntimeError, TypeError):
+        return {}
+    if rows is None or rows.dim() != 2:
+        return {}
+    finite = torch.isfinite(rows).all(dim=-1).tolist()                         # [N]
+    return {i: t for i, t, ok in zip(ids, rows.argmax(dim=-1).tolist(), finite) if ok}
