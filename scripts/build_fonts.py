@@ -120,6 +120,7 @@ def web_characters(root: Path = ROOT) -> set[str]:
     paths += sorted(glob.glob(str(root / "notebooks" / "*.ipynb")))
     paths += [root / "_config.yml", root / "_toc.yml", root / "scripts" / "tokenflow_i18n.py"]
     text = _text_of(p for p in paths if Path(p).exists()) + _theme_messages()
+    text += "".join(figure_characters(root))
     return {c for c in set(text) if _in(WEB_RANGES, c)}
 
 
