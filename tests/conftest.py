@@ -85,10 +85,11 @@ def random_model(seed: int = 0, **overrides) -> TokenFlowModel:
     return TokenFlowModel(cfg).eval()
 
 
-def wide_random_model(seed: int = 0) -> TokenFlowModel:
-    """:func:`random_model` with matrices drawn wider (std 0.08) than the default init, so
-    greedy decoding makes clear choices (no near-ties that batching could flip)."""
-    m = random_model(seed=seed)
+def wide_random_model(seed: int = 0, **overrides) -> TokenFlowModel:
+    """:func:`random_model` (with ``overrides`` of the tiny preset) with matrices drawn wider
+    (std 0.08) than the default init, so greedy decoding makes clear choices (no near-ties
+    that batching could flip)."""
+    m = random_model(seed=seed, **overrides)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in m.parameters():

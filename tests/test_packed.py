@@ -27,13 +27,7 @@ MLA = dict(num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=32, qk_rope_head_
 
 def _wide_mla(seed=0):
     """A random tiny-mla model with wide weights (clear greedy choices)."""
-    m = random_model(seed=seed, **MLA)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.08)
-    return m
+    return wide_random_model(seed=seed, **MLA)
 
 
 @pytest.fixture(scope="module", params=["gqa", "mla"])
