@@ -807,3 +807,191 @@ def test_greedy_tokens_are_each_rows_argmax():
     assert sampler_mod.greedy_tokens(reqs, logits) == {i: int(logits[i].argmax()) for i in "ab"}
     assert sampler_mod.greedy_tokens(reqs + [NS(request_id="e", params=NS(temperature=0.0))],
                                      logits) == {}
+
+
+# =================================================================== plants 2: the survivors
+@pytest.mark.parametrize("steps_before_abort", [0, 1, 3])
+def test_n_samples_go_on_when_sample_0_is_aborted(model, steps_before_abort):
+    """Sample 0 aborted before its prefill (0 steps), in the middle of its chunked prefill
+    (1 step of 8 of its 20 prompt tokens) or after it (3 steps): sample 1 still runs to its
+    length with the greedy tokens, instead of waiting on a prompt that will never be
+    computed."""
+    prompt = _ids(20, 170)
+    engine = _engine(model, max_num_batched_tokens=8)
+    rid = engine.add_request(prompt, SamplingParams(3, ignore_eos=True, n=2))
+    for _ in range(steps_before_abort):
+        engine.step()
+    assert engine.abort((rid, 0))
+    for _ in range(12):                              # 20 + 3 tokens at 8 a step: ~5 steps
+        if not engine.has_unfinished():
+            break
+        engine.step()
+    assert not engine.has_unfinished()
+    s0, s1 = engine.outputs[(rid, 0)], engine.outputs[(rid, 1)]
+    assert (s0.finish_reason, s1.finish_reason) == ("abort", "length")
+    assert s1.output_token_ids == _greedy_ref(model, prompt, 3)
+    assert _all_blocks_free(engine)
+
+
+@pytest.mark.parametrize("storage", ["paged", "padded", "contiguous"])
+def test_storage_counts_after_a_prefix_cache_hit(model, storage):
+    """b's 14-token prompt shares a's 12 (3 full blocks): the step schedules b's 2 new
+    tokens; the paged storages compute those 2 positions, the contiguous one recomputes the
+    12 hit tokens too (14). Either way the storage holds K/V of all 14 positions, and b's
+    tokens are the greedy ones."""
+    a = _ids(12, 171)
+    engine = _engine(model, kv_storage=storage)
+    engine.add_request(a, SamplingParams(2, ignore_eos=True), request_id="a")
+    _drain(engine)
+    assert (engine.steps[0].num_tokens, engine.steps[0].num_positions) == (12, 12)
+    b = a + [20, 21]
+    engine.add_request(b, SamplingParams(3, ignore_eos=True), request_id="b")
+    engine.step()
+    req = engine.scheduler.running[0]
+    assert (req.num_cached_tokens, req.num_computed_tokens) == (12, 14)
+    assert engine.runner.storage.num_computed("b") == 14
+    s = engine.steps[-1]
+    assert s.prefill == [("b", 2)]
+    assert (s.num_tokens, s.num_positions) == (2, 14 if storage == "contiguous" else 2)
+    assert engine.runner.num_positions == s.num_positions
+    assert engine.metrics()["num_recomputed_tokens"] == (12 if storage == "contiguous" else 0)
+    engine.step()                                    # a decode step after the hit
+    assert engine.runner.storage.num_computed("b") == 15
+    _drain(engine)
+    assert engine.outputs["b"].output_token_ids == _greedy_ref(model, b, 3)
+
+
+@pytest.mark.parametrize("storage, positions", [("paged", [16, 2, 2]), ("padded", [18, 2, 2]),
+                                                ("contiguous", [16, 2, 2])])
+def test_positions_and_computed_tokens_of_two_prompts(model, storage, positions):
+    """Prompts of 7 and 9 tokens in one step, then two decode steps: 16, 2, 2 tokens
+    scheduled. Padded computes B * S_max = 2 * 9 = 18 positions for the first; the metric
+    ``num_computed_tokens`` is the scheduled tokens (20), not the positions."""
+    engine = _engine(model, kv_storage=storage)
+    engine.run([_ids(7, 172), _ids(9, 173)], SamplingParams(3, ignore_eos=True),
+               use_tqdm=False)
+    assert [s.num_tokens for s in engine.steps] == [16, 2, 2]
+    assert [s.num_positions for s in engine.steps] == positions
+    assert engine.metrics()["num_computed_tokens"] == 20
+
+
+def test_metric_computed_tokens_not_the_recomputed_positions(model):
+    """Contiguous storage after a 12-token prefix hit: 14 positions computed for 2 scheduled
+    tokens; ``num_computed_tokens`` counts 12 + 1 (a) + 2 + 1 (b) = 16."""
+    a = _ids(12, 174)
+    engine = _engine(model, kv_storage="contiguous")
+    engine.run([a], SamplingParams(2, ignore_eos=True), use_tqdm=False)
+    engine.run([a + [20, 21]], SamplingParams(2, ignore_eos=True), use_tqdm=False)
+    assert [s.num_tokens for s in engine.steps] == [12, 1, 2, 1]
+    assert [s.num_positions for s in engine.steps] == [12, 1, 14, 1]
+    assert engine.metrics()["num_computed_tokens"] == 16
+
+
+@pytest.mark.parametrize("storage", ["paged", "contiguous"])
+def test_step_record_counts_the_tokens_of_a_chunk_that_failed(model, monkeypatch, storage):
+    """Prompts of 7 and 9 tokens in one step, the 9-token one fails while sampling: the
+    step still computed 16 tokens (its record says so), and the metric counts them:
+    16 + 1 + 1 (the other's two decode steps) = 18."""
+    _fail_for_seed(monkeypatch, 1)
+    engine = _engine(model, kv_storage=storage)
+    p0, p1 = _ids(7, 175), _ids(9, 176)
+    outs = engine.run([p0, p1], [SamplingParams(3, seed=0, ignore_eos=True),
+                                 SamplingParams(3, seed=1, ignore_eos=True)], use_tqdm=False)
+    assert [o.finish_reason for o in outs] == ["length", "error"]
+    assert [s.num_tokens for s in engine.steps] == [16, 1, 1]
+    assert engine.steps[0].num_positions == 16
+    assert engine.steps[0].prefill == [(outs[0].request_id, 7), (outs[1].request_id, 9)]
+    assert engine.metrics()["num_computed_tokens"] == 18
+    assert outs[0].output_token_ids == _greedy_ref(model, p0, 3)
+
+
+def test_max_num_tokens_and_contiguous_capacity(model):
+    """A 5-token prompt with 4 new tokens can reach 9 tokens: the contiguous cache gets
+    ceil(9 / 4) * 4 = 12 slots (8 when max_new_tokens is 3, 5 + 3 = 8 already a multiple)."""
+    from tokenflow.serving import Request
+    prompt = _ids(5, 177)
+    assert Request("x", prompt, SamplingParams(4)).max_num_tokens == 9
+    assert Request("x", prompt, SamplingParams(3)).max_num_tokens == 8
+    engine = _engine(model, kv_storage="contiguous")
+    engine.add_request(prompt, SamplingParams(4, ignore_eos=True), request_id="a")
+    engine.add_request(prompt, SamplingParams(3, ignore_eos=True), request_id="b")
+    engine.step()
+    caches = engine.runner.storage.caches
+    assert [caches[r].k[0].shape[2] for r in ("a", "b")] == [12, 8]
+    _drain(engine)
+    assert engine.outputs["a"].output_token_ids == _greedy_ref(model, prompt, 4)
+
+
+@pytest.mark.parametrize("field, value, eos_ids, stop_ids", [
+    ("eos_token_id", 0, (0,), ()), ("eos_token_id", [0], (0,), ()),
+    ("eos_token_id", [0, 5], (0, 5), ()), ("stop_token_ids", [0], None, (0,))])
+def test_token_id_zero_is_a_real_eos_or_stop_id(model, field, value, eos_ids, stop_ids):
+    """``eos_token_id=0`` is id 0, not "unset": the config's EOS does not replace it (only
+    None does); a stop id 0 is kept as well."""
+    assert model.config.eos_token_id == 2
+    engine = _engine(model)
+    engine.add_request(_ids(5, 178), SamplingParams(3, **{field: value}), request_id="a")
+    req = engine.scheduler.waiting[0]
+    assert tuple(req.eos_ids) == ((2,) if eos_ids is None else eos_ids)
+    assert tuple(req.stop_ids) == stop_ids
+
+
+def test_eos_token_id_zero_stops_at_token_zero(model, monkeypatch):
+    """A request whose eos_token_id is 0 finishes as "eos" when its first token is 0 (the
+    logits are forced to choose 0), one with the config's EOS goes on to its length."""
+    real = sampler_mod.sample_token
+
+    def zero_first(logits, req, *greedy):
+        if not req.output_token_ids:
+            logits = torch.full_like(logits, -1.0)
+            logits[0] = 1.0
+            return real(logits, req)
+        return real(logits, req, *greedy)
+    monkeypatch.setattr(sampler_mod, "sample_token", zero_first)
+    monkeypatch.setattr(sampler_mod, "greedy_tokens", lambda reqs, logits: {})
+    engine = _engine(model)
+    prompt = _ids(5, 179)
+    outs = engine.run([prompt, prompt], [SamplingParams(3, eos_token_id=0),
+                                         SamplingParams(3, ignore_eos=True)], use_tqdm=False)
+    assert [(o.finish_reason, o.output_token_ids[0]) for o in outs] == [("eos", 0),
+                                                                          ("length", 0)]
+    assert len(outs[0].output_token_ids) == 1 and len(outs[1].output_token_ids) == 3
+
+
+def test_n_sample_seeds_wrap_at_2_64(model):
+    """n=2 with seed 2**64 - 1: the samples get seeds 2**64 - 1 and 0 (wrapped, as a torch
+    generator's seed range ends there); sample 1 draws what a lone request with seed 0
+    draws."""
+    prompt = _ids(5, 180)
+    engine = _engine(model)
+    sp = SamplingParams(3, 1.0, seed=2**64 - 1, n=2, ignore_eos=True)
+    rid = engine.add_request(prompt, sp)
+    assert [r.params.seed for r in engine.scheduler.waiting] == [2**64 - 1, 0]
+    _drain(engine)
+    assert engine.outputs[(rid, 1)].output_token_ids == _ref(
+        model, prompt, max_new_tokens=3, temperature=1.0, seed=0, ignore_eos=True)
+    assert engine.outputs[(rid, 0)].finish_reason == "length"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("bad, error", [(float("nan"), "NaN"), (float("inf"), "+inf"),
+                                        (float("-inf"), None)])
+def test_non_finite_logits_greedy_and_sampled(temperature, bad, error):
+    """NaN or +inf in a row: greedy and sampled rows alike raise ValueError (no token is
+    taken from such a row; ``sample_requests`` turns it into that row's error); -inf only
+    masks its token out."""
+    from tokenflow.serving import Request
+    from tokenflow.serving.sampler import sample_requests, sample_token
+    logits = torch.tensor([1.0, bad, 0.5, 0.0])
+    req = Request("a", [1], SamplingParams(temperature=temperature, seed=0).normalized(4))
+    req.generator = req.params.make_generator()
+    if error is None:
+        assert sample_token(logits, req).token != 1
+        assert sample_requests([req], {"a": logits})["a"].token not in (None, 1)
+        if temperature == 0.0:
+            assert sample_token(logits, req).token == 0
+        return
+    with pytest.raises(ValueError, match=error.replace("+", r"\+")):
+        sample_token(logits, req)
+    s = sample_requests([req], {"a": logits})["a"]
+    assert s.token is None and s.error.startswith("ValueError") and error in s.error
