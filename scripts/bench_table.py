@@ -5,7 +5,9 @@
 
 The table sits in the page between ``<!-- bench-table: begin ... -->`` and
 ``<!-- bench-table: end -->``; nothing else of the page is touched. Cells: the median of the
-paired ratios (HF's time / ours), two decimals, as ``bench_vs_hf.py`` stores it.
+paired ratios (HF's time / ours), two decimals, as ``bench_vs_hf.py`` stores it. Under the table,
+a line with the number of pairs behind each cell (each row's ``repeats``: ``bench_vs_hf.py`` runs
+prefill 128 with three times the pairs of the other columns).
 """
 from __future__ import annotations
 
@@ -51,8 +53,40 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def pairs_line(data: dict) -> str:
+    """One sentence with the pairs behind each cell (``repeats`` of each row of ``data["rows"]``):
+    presets with the same pairs in every column are named together, with the most common count
+    first and the columns that differ from it after "except".
+
+    Raises:
+        ValueError: a row without ``repeats`` or a missing cell.
+    """
+    reps, presets = {}, []
+    for r in data["rows"]:
+        if "repeats" not in r:
+            raise ValueError(f"benchmarks/latest.json row {r.get('preset')!r} {r.get('what')!r} "
+                             "has no 'repeats'")
+        if r["preset"] not in presets:
+            presets.append(r["preset"])
+        reps[r["preset"], r["what"]] = r["repeats"]
+    groups: dict[tuple, list[str]] = {}
+    for p in presets:
+        missing = [w for w in COLUMNS if (p, w) not in reps]
+        if missing:
+            raise ValueError(f"benchmarks/latest.json has no {missing} for preset {p!r}")
+        groups.setdefault(tuple(reps[p, w] for w in COLUMNS), []).append(p)
+    parts = []
+    for counts, names in groups.items():
+        base = max(set(counts), key=counts.count)
+        who = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        other = [f"{w}: {n}" for w, n in zip(COLUMNS, counts) if n != base]
+        parts.append(f"{who} {base}" + (f" ({', '.join(other)})" if other else ""))
+    return "Pairs per cell: " + "; ".join(parts) + "."
+
+
 def render(page: str, data: dict) -> str:
-    """``page`` with the text between the markers replaced by :func:`table`.
+    """``page`` with the text between the markers replaced by :func:`table` and
+    :func:`pairs_line`.
 
     Raises:
         ValueError: the markers are missing.
@@ -60,7 +94,7 @@ def render(page: str, data: dict) -> str:
     pat = re.compile(re.escape(BEGIN) + r"\n.*?\n" + re.escape(END), re.S)
     if not pat.search(page):
         raise ValueError(f"{PAGE} has no {BEGIN!r} ... {END!r} block")
-    return pat.sub(lambda m: f"{BEGIN}\n{table(data)}\n{END}", page)
+    return pat.sub(lambda m: f"{BEGIN}\n{table(data)}\n\n{pairs_line(data)}\n{END}", page)
 
 
 def main(argv: list[str]) -> int:

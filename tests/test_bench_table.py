@@ -30,6 +30,8 @@ def test_a_changed_json_changes_the_table_only():
     assert "9.88x" in new and new != page
     outside = page.split(bench_table.BEGIN)[0], page.split(bench_table.END)[1]
     assert new.startswith(outside[0]) and new.endswith(outside[1])
+    other["rows"][2]["repeats"] = 5                     # tiny, prefill 128
+    assert "tiny 7 (prefill 128: 5); tiny-dense" in bench_table.render(page, other)
     with pytest.raises(ValueError, match="markers|no"):
         bench_table.render("no table here", data)
     other["rows"][0]["preset"] = "mystery"
