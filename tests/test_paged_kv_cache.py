@@ -145,3 +145,16 @@ def test_bad_use_raises(model):
     for name, kw in (("num_blocks", dict(num_blocks=0)), ("block_size", dict(block_size=2.0))):
         with pytest.raises(ValueError, match=name):
             PagedKVCache(cfg, **{"num_blocks": 4, "block_size": 4, **kw})
+
+
+def test_left_padding_is_not_new():
+    """Row 1 (2 new tokens) is left-padded by 4 columns to row 0's 6, row 2 (a decode row
+    after 3 cached tokens) by 5: only real new tokens are ``is_new``, and ``slot_mapping``
+    lists each of their slots once (hand computed: row 0 blocks 0-1, row 1 block 2, row 2
+    block 3, token 3)."""
+    cache = PagedKVCache(random_model(seed=0).config, 8, BS)
+    cache.prepare([[0, 1], [2], [3]], [0, 0, 3], [6, 2, 1])
+    step = cache.begin_step(None, 3, 6)
+    assert step.is_new.tolist() == [[True] * 6, [False] * 4 + [True] * 2,
+                                    [False] * 5 + [True]]
+    assert step.slot_mapping.tolist() == [0, 1, 2, 3, 4, 5, 8, 9, 15]

@@ -510,3 +510,37 @@ def test_preempted_request_goes_back_before_later_arrivals():
     assert plans[5:9] == [[("old", 8, 1), ("preempted", "new")], [("old", 9, 1)],
                           [("old", 10, 1)], [("new", 4, 5), ("late", 0, 4)]]
     assert [r.finish_reason for r in (old, new, late)] == ["length"] * 3
+
+
+# ------------------------------------------------------------------- plants 3: the survivors
+def test_prefix_walk_stops_at_the_first_miss():
+    """With a key that ignores the previous block (position-blind), ``b``'s block 2 equals
+    ``a``'s block 2 in key and tokens, but ``b``'s block 1 missed: the walk must stop
+    there, or ``b`` would read ``a``'s K/V for its tokens 0-3 (computed after other
+    tokens). A prompt equal to ``a``'s on both blocks still gets both."""
+    bm = BlockManager(10, BLOCK, hash_fn=lambda prev, tokens: hash(tokens))
+    a = _req("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    bm.allocate(a)
+    _computed(bm, a)
+    b = _req("b", [0, 0, 0, 0, 5, 6, 7, 8, 9])
+    assert bm._cached_prefix(b) == []
+    bm.allocate(b)
+    assert b.num_cached_tokens == 0 and not set(b.block_table) & set(a.block_table)
+    c = _req("c", [1, 2, 3, 4, 5, 6, 7, 8, 10])
+    bm.allocate(c)
+    assert c.num_cached_tokens == 8 and c.block_table[:2] == a.block_table[:2]
+
+
+def test_can_allocate_counts_held_prefix_hits_as_shared():
+    """``a`` holds 3 of the 4 blocks, 2 of them full and keyed. ``b`` shares those 2 and
+    needs 3 blocks: 2 shared + 1 fresh fits the 1 free block. ``c`` (no hit) does not."""
+    bm = BlockManager(4, BLOCK)
+    a = _req("a", list(range(9)))
+    bm.allocate(a)
+    _computed(bm, a)
+    assert bm.num_free_blocks == 1
+    assert not bm.can_allocate(_req("c", list(range(20, 29))))
+    b = _req("b", list(range(8)) + [20])
+    assert bm.can_allocate(b)
+    bm.allocate(b)
+    assert b.block_table[:2] == a.block_table[:2] and bm.num_free_blocks == 0

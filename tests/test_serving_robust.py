@@ -995,3 +995,70 @@ def test_non_finite_logits_greedy_and_sampled(temperature, bad, error):
         sample_token(logits, req)
     s = sample_requests([req], {"a": logits})["a"]
     assert s.token is None and s.error.startswith("ValueError") and error in s.error
+
+
+# =================================================================== plants 3: the survivors
+def test_arrival_time_zero_is_accepted(model):
+    """0 is the bottom of the allowed range (``>= 0``), as an int or a float."""
+    engine = _engine(model)
+    engine.add_request([5, 6], SamplingParams(2), arrival_time=0.0)
+    engine.add_request([5, 6], SamplingParams(2), arrival_time=0)
+    assert [r.arrival_time for r in engine.scheduler.waiting] == [0.0, 0.0]
+
+
+def test_n_samples_share_one_arrival_time(model, monkeypatch):
+    """The ``n`` samples of one request arrived together: one clock reading for all (a
+    clock that ticks at every reading shows a second one)."""
+    import itertools
+    import time
+    clock = itertools.count(100.0)
+    monkeypatch.setattr(time, "perf_counter", lambda: float(next(clock)))
+    engine = _engine(model)
+    engine.add_request([5, 6, 7], SamplingParams(2, n=3))
+    assert len({r.arrival_time for r in engine.scheduler.waiting}) == 1
+
+
+def test_abort_parent_after_one_sample_finished(model):
+    """Sample 0 already finished (aborted): aborting the parent still aborts sample 1 and
+    says so; once nothing is left it says False."""
+    engine = _engine(model)
+    rid = engine.add_request([5, 6, 7, 8, 9], SamplingParams(4, n=2))
+    assert engine.abort((rid, 0)) is True
+    assert engine.abort(rid) is True
+    assert engine.outputs[(rid, 1)].finish_reason == "abort"
+    assert engine.abort(rid) is False and not engine.has_unfinished()
+
+
+class _RecordingTokenizer:
+    """Character-level ids (long enough to be cut); remembers every encoding."""
+
+    def __init__(self):
+        self.encoded = []
+
+    def encode(self, text):
+        self.encoded.append([ord(ch) % 5000 + 4 for ch in text])
+        return list(self.encoded[-1])
+
+
+def test_mixed_workload_cut_keeps_the_end_of_the_prompt():
+    """A prompt longer than ``max_len - max_new_tokens`` loses its head: the sentence to
+    complete (the prompt's end) stays."""
+    from tokenflow.serving import mixed_workload
+    tok = _RecordingTokenizer()
+    prompts, params, _ = mixed_workload(tok, 8, seed=0, max_len=64)
+    assert len(tok.encoded) == 8
+    cut = 0
+    for p, sp, full in zip(prompts, params, tok.encoded):
+        assert len(p) == min(len(full), 64 - sp.max_new_tokens)
+        assert full[len(full) - len(p):] == p
+        cut += len(p) < len(full)
+    assert cut >= 3
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_mixed_workload_first_arrival_is_step_0(seed):
+    """The first request arrives at step 0, each next one 0 to ``max_gap`` steps later."""
+    from tokenflow.serving import mixed_workload
+    _, _, arrivals = mixed_workload(_RecordingTokenizer(), 8, seed=seed)
+    assert arrivals[0] == 0
+    assert all(0 <= b - a <= 3 for a, b in zip(arrivals, arrivals[1:]))
