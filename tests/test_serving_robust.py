@@ -1062,3 +1062,12 @@ def test_mixed_workload_first_arrival_is_step_0(seed):
     _, _, arrivals = mixed_workload(_RecordingTokenizer(), 8, seed=seed)
     assert arrivals[0] == 0
     assert all(0 <= b - a <= 3 for a, b in zip(arrivals, arrivals[1:]))
+
+
+@pytest.mark.parametrize("max_len", [56, 40, 0, 64.0, True])
+def test_mixed_workload_refuses_a_max_len_without_room(max_len):
+    """A ``max_len`` that cannot hold one prompt token next to the longest output (56) would
+    cut prompts from the wrong end (a negative slice); it is refused, naming the argument."""
+    from tokenflow.serving import mixed_workload
+    with pytest.raises(ValueError, match="max_len"):
+        mixed_workload(None, 4, max_len=max_len)

@@ -154,7 +154,8 @@ def mixed_workload(tokenizer, num_requests: int = 24, seed: int = 0, max_gap: in
         (greedy), ints; ready for :func:`run_with_arrivals`.
 
     Raises:
-        ValueError: ``num_requests < 1`` or ``max_gap < 0``.
+        ValueError: ``num_requests < 1``, ``max_gap < 0``, or ``max_len`` too short to hold
+            a prompt token and the longest output (``max_len < 57``).
     """
     import torch
     from .request import SamplingParams
@@ -162,6 +163,9 @@ def mixed_workload(tokenizer, num_requests: int = 24, seed: int = 0, max_gap: in
         raise ValueError(f"num_requests must be an int >= 1, got {num_requests!r}")
     if isinstance(max_gap, bool) or not isinstance(max_gap, int) or max_gap < 0:
         raise ValueError(f"max_gap must be an int >= 0, got {max_gap!r}")
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 57:
+        raise ValueError(f"max_len must be an int >= 57 (one prompt token + up to 56 new "
+                         f"tokens), got {max_len!r}")
     g = torch.Generator().manual_seed(seed)
     rand = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))  # noqa: E731
     lines = corpus_lines()
