@@ -158,3 +158,13 @@ def test_left_padding_is_not_new():
     assert step.is_new.tolist() == [[True] * 6, [False] * 4 + [True] * 2,
                                     [False] * 5 + [True]]
     assert step.slot_mapping.tolist() == [0, 1, 2, 3, 4, 5, 8, 9, 15]
+
+
+@pytest.mark.parametrize("cached,new,length", [([8, 0], [1, 3], 6), ([0, 0], [4, 2], 0),
+                                               ([5, 2], [1, 1], 5)])
+def test_prepare_length_is_the_longest_row_before_its_new_tokens(cached, new, length):
+    """``length`` is the padded layout's cached width: the longest row (cached + new) minus
+    the widest new part, so rows with few cached tokens do not widen it."""
+    cache = PagedKVCache(random_model().config, 8, 4)
+    cache.prepare([[0, 1, 2], [3, 4]], cached, new)
+    assert cache.length == length

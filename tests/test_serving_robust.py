@@ -1071,3 +1071,31 @@ def test_mixed_workload_refuses_a_max_len_without_room(max_len):
     from tokenflow.serving import mixed_workload
     with pytest.raises(ValueError, match="max_len"):
         mixed_workload(None, 4, max_len=max_len)
+
+
+# =================================================================== plants 4: the survivors
+def test_step_record_names_the_preempted_request(model):
+    """A pool too small for two growing requests preempts one; the step that did it lists its
+    id, and the count matches the metrics and the request's own output."""
+    engine = _engine(model, num_blocks=6, enable_prefix_caching=False)
+    outs = engine.run([_ids(5, 1), _ids(5, 2)], SamplingParams(max_new_tokens=12, ignore_eos=True))
+    listed = [rid for s in engine.steps for rid in s.preempted]
+    assert listed and len(listed) == engine.metrics()["num_preemptions"] \
+        == sum(o.num_preemptions for o in outs)
+    assert all(rid in (o.request_id for o in outs) for rid in listed)
+
+
+def test_mean_tpot_is_the_mean_of_each_requests_tpot(model):
+    engine = _engine(model)
+    outs = engine.run([_ids(6, 3), _ids(9, 4)], SamplingParams(max_new_tokens=5, ignore_eos=True))
+    m = engine.metrics()
+    assert m["mean_tpot_s"] == pytest.approx(sum(o.tpot for o in outs) / len(outs))
+    assert m["mean_ttft_s"] == pytest.approx(sum(o.ttft for o in outs) / len(outs))
+
+
+@pytest.mark.parametrize("prompt", [torch.tensor(5), torch.zeros(1, 3, dtype=torch.long)])
+def test_a_prompt_tensor_that_is_not_1d_raises_value_error(model, prompt):
+    engine = _engine(model)
+    with pytest.raises(ValueError, match="1-D"):
+        engine.add_request(prompt, SamplingParams(max_new_tokens=2))
+    assert _untouched(engine)
