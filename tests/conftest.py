@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from tokenflow import ModelConfig, TokenFlowModel, load_pretrained, preset
+from tokenflow import TokenFlowModel, load_pretrained, preset
 
 torch.set_num_threads(1)
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from tokenflow import Trace
-from tokenflow.analysis.trace import trace_shapes
 from tokenflow.viz import (attention_static, hidden_size_static, kv_cache_static,
                                residual_stream_static, residual_stream_table, trace_shapes_static,
                                trace_shapes_table, trace_table)

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from tokenflow import KVCache, decode_step, generate, load_pretrained, prefill
+from tokenflow import KVCache, decode_step, generate, prefill
 from tokenflow.analysis.costmodel import kv_cache_bytes_per_token
 
 PROMPT = "北京是中国的首"

@@ -15,7 +15,7 @@ import torch
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from tokenflow import KVCache, ModelConfig, TokenFlowModel, decode_step, generate, preset, prefill
+from tokenflow import KVCache, ModelConfig, TokenFlowModel, decode_step, generate, preset
 from tokenflow import interop
 from tokenflow.model.moe import MoE
 from tokenflow.model.rope import rope_inv_freq

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from tokenflow import KVCache, ModelConfig, TokenFlowModel, Trace, preset
+from tokenflow import KVCache, ModelConfig, Trace, preset
 from tokenflow.analysis.costmodel import param_count
 
 CONFIGS = [

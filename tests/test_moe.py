@@ -8,7 +8,7 @@ import torch
 from tokenflow import Trace, preset
 from tokenflow.analysis.costmodel import (expected_remote_fraction, moe_a2a_bytes,
                                  moe_comm_bytes_per_token, num_moe_layers, reference_config)
-from tokenflow.model.moe import (MoE, Router, check_top_k, combine, dispatch, expert_capacity,
+from tokenflow.model.moe import (MoE, check_top_k, combine, dispatch, expert_capacity,
                            load_stats, moe_inputs, moe_reference_loop, route, route_reference,
                            run_experts)
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from safetensors.torch import save_file
 
 from .hf_models import hf_architecture, state_dict_to_hf, to_hf_config

@@ -37,7 +37,6 @@ production version with node-limited routing and communication overlapped with c
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import shutil
 import socket
