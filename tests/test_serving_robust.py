@@ -1099,3 +1099,38 @@ def test_a_prompt_tensor_that_is_not_1d_raises_value_error(model, prompt):
     with pytest.raises(ValueError, match="1-D"):
         engine.add_request(prompt, SamplingParams(max_new_tokens=2))
     assert _untouched(engine)
+
+
+@pytest.mark.parametrize("block_size", [5, 7])
+def test_contiguous_capacity_capped_at_max_position_embeddings(block_size):
+    """Contiguous storage rounds a request's capacity up to whole blocks, but never past
+    ``max_position_embeddings``: with a block size that does not divide it, a request whose
+    prompt + max_new_tokens is exactly the limit runs to ``length`` and equals ``generate``."""
+    model = wide_random_model(seed=0, max_position_embeddings=32)
+    limit = model.config.max_position_embeddings
+    assert limit % block_size != 0
+    prompt = _ids(limit - 6, 179)
+    engine = _engine(model, kv_storage="contiguous", block_size=block_size,
+                     max_num_batched_tokens=64)
+    engine.add_request(prompt, SamplingParams(6, ignore_eos=True), request_id="a")
+    engine.step()
+    assert engine.runner.storage.caches["a"].k[0].shape[2] == limit
+    _drain(engine)
+    out = engine.outputs["a"]
+    assert out.finish_reason == "length"
+    assert out.output_token_ids == _greedy_ref(model, prompt, 6)
+
+
+def test_mixed_workload_context_spans_zero_to_five_lines(monkeypatch):
+    """Each prompt is 0-5 context lines plus one cut line, as the docstring promises: over
+    many requests every count from 0 to 5 occurs and none outside it."""
+    from tokenflow.serving import workload
+    monkeypatch.setattr(workload, "corpus_lines", lambda: [f"L{i}x" for i in range(50)])
+
+    class Chars:
+        def encode(self, text):
+            return [ord(c) for c in text]
+
+    prompts, _, _ = workload.mixed_workload(Chars(), 300, seed=0, max_len=4096)
+    counts = {"".join(map(chr, p)).count(" ") for p in prompts}
+    assert counts == set(range(6))
