@@ -276,3 +276,18 @@ def test_explorer_untrusted_in_lab_shows_no_dead_control():
     [live] = [t for t in tags if "tf-note-live" in t["attrs"].get("class", "")]
     assert "display:none" in live["attrs"].get("style", "")
     assert f"<script>{_REVEAL}</script>" in html
+
+
+def test_no_figure_calls_a_context_length_L():
+    """``L`` is the number of layers everywhere in the book (intro's notation): no figure
+    label in viz/ writes a context length as ``L`` (chapter 5's decode panel once read
+    "context length L", "recompute [1, L+1]")."""
+    import re
+    from pathlib import Path
+    import tokenflow.viz as viz
+    bad = []
+    for path in Path(viz.__file__).parent.glob("*.py"):
+        for lit in re.findall(r'"([^"\n]*)"', path.read_text(encoding="utf-8")):
+            if re.search(r"context[^\"]*\bL\b|\[1, L\+1\]", lit):
+                bad.append(f"{path.name}: {lit}")
+    assert not bad, bad

@@ -50,9 +50,9 @@ def phase_times_plot(lengths, prefill_s, contexts, cached_s, recompute_s, title:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.4))
     _ms_panel(a1, lengths, [(prefill_s, "o-", COLORS["hidden"], "prefill [1, S]")],
               "prompt length S (tokens)", "prefill: one pass over the prompt")
-    _ms_panel(a2, contexts, [(recompute_s, "s--", "#777777", "no cache: recompute [1, L+1]"),
+    _ms_panel(a2, contexts, [(recompute_s, "s--", "#777777", "no cache: recompute [1, n+1]"),
                              (cached_s, "o-", COLORS["token"], "decode step [1, 1] + cache")],
-              "context length L (tokens already seen)", "next token: with vs without the KV cache")
+              "context length n (tokens already seen)", "next token: with vs without the KV cache")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
