@@ -14,9 +14,9 @@ is split by topic, one module per chapter theme:
 ``attention``      chapter 02: attention weights, KV cache growth and size
 ``moe``            chapter 03: routing, dispatch / combine, expert load, all-to-all
 ``sampling``       chapter 04: vocabulary scores, temperature, top-k / top-p
-``serving``        chapter 05: phases, batching, the engine timeline
-``packing``        chapter 05: one engine step padded vs packed, preemptions marked
-``lens``           chapter 06: the logit lens
+``serving``        chapter 05: phases, batching, the engine timeline, steps and runs as tables
+``packing``        chapter 05: one step and whole runs padded vs packed, preemptions
+``lens``           chapter 06: the logit lens, its readings as tables and a sentence
 ``trace_tables``   chapters 00 and 06: trace events as tables
 ``roofline``       chapter 07: lenses and the roofline
 ``recap``          chapter 09: the whole line annotated with the book's numbers
@@ -30,7 +30,8 @@ from .fmt import (display_width, pad, format_bytes, say, Table, agree, Agreement
 from .static import (precomputed_explorer, PrecomputedExplorer, MAX_OUTPUTS, MAX_HTML_BYTES)
 from .style import (setup_notebook, use_book_font)
 from .diagram import (DIAGRAM_PATH, TRACE_NODE, Edge, Diagram, parse_mermaid, load_diagram,
-                      token_flow_diagram, node_of, diagram_trace_table, trace_decode_step)
+                      token_flow_diagram, node_of, diagram_trace_table, trace_decode_step,
+                      COLOUR_NAMES, arrow_actions_table)
 from .hidden import (topk_bar, hidden_state_heatmap, residual_stream_plot, shape_flow,
                      shape_controls, tensor_table, hidden_state_sizes, size_table,
                      hidden_size_explorer, residual_stream_summary, residual_stream_explorer,
@@ -46,10 +47,13 @@ from .sampling import (vocab_scores, temperature_curves, sampling_bars, frequenc
 from .serving import (phase_times_plot, decode_batch_plot, arithmetic_intensity_plot,
                       serving_timeline, batch_composition_plot, batching_comparison_plot,
                       serving_counts, serving_panel, serving_explorer, timeline_table,
-                      timeline_view, serving_summary_table, serving_static)
-from .packing import (step_layout, packed_step_figure, mark_preemptions)
+                      timeline_view, serving_summary_table, serving_static, workload_summary,
+                      step_table, batching_table, batching_times_table)
+from .packing import (step_layout, packed_step_figure, mark_preemptions, packing_table,
+                      packing_summary, preemption_report)
 from .lens import (logit_lens_heatmap, logit_lens_topk, logit_lens_explorer, logit_lens_static,
-                   logit_lens_by_depth)
+                   logit_lens_by_depth, logit_lens_summary, logit_lens_compare,
+                   logit_lens_answers)
 from .trace_tables import (decode_trace_summary, decode_trace_explorer, trace_table,
                            TRACE_SHAPES_WHERE, trace_shapes_table, trace_shapes_static,
                            decode_trace_static, WEIGHT_PARTS, step_bytes_table)
@@ -84,4 +88,7 @@ __all__ = ["display_width", "pad", "format_bytes", "say", "Table", "agree", "Agr
            "trace_shapes_static", "decode_trace_static", "lens_bars", "roofline_summary",
            "roofline_bars", "roofline_panel", "roofline_explorer", "roofline_table",
            "roofline_static", "line_figure", "logit_lens_by_depth", "WEIGHT_PARTS",
-           "step_bytes_table"]
+           "step_bytes_table", "COLOUR_NAMES", "arrow_actions_table", "workload_summary",
+           "step_table", "batching_table", "batching_times_table", "packing_table",
+           "packing_summary", "preemption_report", "logit_lens_summary", "logit_lens_compare",
+           "logit_lens_answers"]

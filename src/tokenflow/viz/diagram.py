@@ -23,12 +23,13 @@ from pathlib import Path
 
 import torch
 
-from tokenflow.analysis.trace import Trace, TraceEvent
+from tokenflow.analysis.trace import COLORS, Trace, TraceEvent
 
 from .fmt import display_width, pad
 
 __all__ = ["DIAGRAM_PATH", "TRACE_NODE", "Edge", "Diagram", "parse_mermaid", "load_diagram",
-           "token_flow_diagram", "node_of", "diagram_trace_table", "trace_decode_step"]
+           "token_flow_diagram", "node_of", "diagram_trace_table", "trace_decode_step",
+           "COLOUR_NAMES", "arrow_actions_table"]
 
 DIAGRAM_PATH = Path(__file__).parent.parent / "data" / "token_flow.mmd"
 """The Mermaid source of the token-flow diagram (shipped with the package)."""
@@ -194,6 +195,36 @@ def node_of(event: TraceEvent) -> str:
         raise ValueError(f"trace action {event.action!r} has no diagram node; known actions: "
                          f"{sorted(TRACE_NODE)}")
     return TRACE_NODE[event.action]
+
+
+COLOUR_NAMES = {COLORS["hidden"]: "blue", COLORS["moe"]: "yellow", COLORS["token"]: "green"}
+"""The book's colour code (:data:`tokenflow.analysis.trace.COLORS`) by hex value -> its name."""
+
+
+def arrow_actions_table(diagram: Diagram, actions):
+    """The arrows that carry the given action labels, as a :class:`tokenflow.viz.Table`: one
+    row per action with the names of the boxes it goes from and to (:meth:`Diagram.name`) and
+    the colour of its stroke (``linkStyle``) by name (:data:`COLOUR_NAMES`: blue, yellow,
+    green), the stroke as written if it is another colour, empty if the arrow has no style.
+
+    Args:
+        diagram: a parsed :class:`Diagram` (e.g. :func:`token_flow_diagram`).
+        actions: arrow labels, e.g. the seed's ``["lookup", ..., "sample"]``.
+
+    Raises:
+        ValueError: if an action labels no arrow or more than one.
+    """
+    from .fmt import Table
+    rows = []
+    for action in actions:
+        hits = [i for i, e in enumerate(diagram.edges) if e.label == action]
+        if len(hits) != 1:
+            raise ValueError(f"action {action!r} must label exactly one arrow, found {len(hits)}")
+        e = diagram.edges[hits[0]]
+        stroke = diagram.link_styles.get(hits[0], {}).get("stroke", "")
+        rows.append((action, diagram.name(e.src), diagram.name(e.dst),
+                     COLOUR_NAMES.get(stroke.lower(), stroke)))
+    return Table(rows, ["arrow action", "from", "to", "colour"])
 
 
 def _layer(where: str) -> str:

@@ -11,7 +11,13 @@ import matplotlib.pyplot as plt
 from tokenflow.analysis.trace import COLORS
 
 __all__ = ["logit_lens_heatmap", "logit_lens_topk", "logit_lens_explorer", "logit_lens_static",
-           "logit_lens_by_depth"]
+           "logit_lens_by_depth", "logit_lens_summary", "logit_lens_compare",
+           "logit_lens_answers"]
+
+
+def _depth_name(depth: int) -> str:
+    """What the lens reads at ``depth``: ``embedding`` (0) or ``after block l`` (``l+1``)."""
+    return "embedding" if depth == 0 else f"after block {depth - 1}"
 
 
 # --------------------------------------------------------------------- chapter 06 (F6)
@@ -39,7 +45,7 @@ def logit_lens_heatmap(lens, tokenizer, tokens: list[str], batch: int = 0, title
         raise ValueError(f"tokens must have {lens.shape[2]} entries, got {len(tokens)}")
     probs = lens[:, batch].float().softmax(-1)                         # [L+1, S, V]
     top_p, top_i = probs.max(-1)                                       # [L+1, S]
-    depth_labels = ["embedding"] + [f"after block {i}" for i in range(lens.shape[0] - 1)]
+    depth_labels = [_depth_name(d) for d in range(lens.shape[0])]
     cmap = LinearSegmentedColormap.from_list("tokenflow_lens", ["#ffffff", COLORS["hidden"]])
     fig, ax = plt.subplots(figsize=(1.25 * len(tokens) + 2.6, 0.55 * lens.shape[0] + 1.5))
     im = ax.imshow(top_p.numpy(), cmap=cmap, vmin=0, vmax=1, aspect="auto")
@@ -80,8 +86,7 @@ def logit_lens_topk(lens, tokenizer, depth: int, position: int, token_ids=(), k:
         raise ValueError(f"position must be in [{-S}, {S - 1}], got {position}")
     logits = lens[depth, batch, position]                              # [V]
     p = logits.float().softmax(-1)
-    name = "embedding" if depth == 0 else f"after block {depth - 1}"
-    lines = [f"depth {depth} ({name}), position {position % S}: top {k}"]
+    lines = [f"depth {depth} ({_depth_name(depth)}), position {position % S}: top {k}"]
     for r, i in enumerate(p.topk(k).indices.tolist(), 1):
         lines.append(f"  {r}. {pad(tokenizer.id_to_token(i), 10)} {float(p[i]):.4f}")
     for t in token_ids:
@@ -147,7 +152,7 @@ def logit_lens_by_depth(lens, tokenizer, token_ids, position: int = -1, batch: i
     for depth in range(n_depth):
         x = lens[depth, batch, position]                                  # [V]
         p = x.float().softmax(-1)
-        row = [depth, "embedding" if depth == 0 else f"after block {depth - 1}",
+        row = [depth, _depth_name(depth),
                tokenizer.id_to_token(int(x.argmax()))]
         for t in token_ids:
             row += [int(token_rank(x, t)), prob_text(p[t])]
@@ -155,3 +160,113 @@ def logit_lens_by_depth(lens, tokenizer, token_ids, position: int = -1, batch: i
     names = [tokenizer.id_to_token(t) for t in token_ids]
     cols = ["depth", "reads", "top token"] + [c for n in names for c in (f"rank {n}", f"p({n})")]
     return Table(rows, cols, align="<<<" + ">" * 2 * len(names), title=title)
+
+
+def _check_lens(lens, position: int, batch: int) -> None:
+    if getattr(lens, "dim", lambda: 0)() != 4:
+        raise ValueError(f"lens must be a [L+1, B, S, V] tensor, got "
+                         f"{getattr(lens, 'shape', lens)}")
+    _, B, S, _ = lens.shape
+    if not -S <= position < S:
+        raise ValueError(f"position must be in [{-S}, {S - 1}], got {position}")
+    if not 0 <= batch < B:
+        raise ValueError(f"batch must be in [0, {B - 1}], got {batch}")
+
+
+def logit_lens_summary(lens, tokenizer, token_id: int, position: int = -1,
+                       batch: int = 0) -> str:
+    """One sentence on how the logit lens reads ``token_id`` at ``(batch, position)``: the
+    depth from which it ranks first at every deeper depth too
+    (:func:`tokenflow.analysis.logit_lens.answer_depth`) and what that depth reads, or that the
+    last depth does not rank it first; its probability at each depth (4 decimals, joined by
+    ``->``); and the block that raises it most, with the probabilities before and after.
+
+    Args:
+        lens: ``[L+1, B, S, V]`` from :func:`tokenflow.analysis.logit_lens.logit_lens`.
+        tokenizer: anything with ``id_to_token``. token_id: a vocabulary id.
+
+    Raises:
+        ValueError: if ``lens`` is not 4-D, ``position`` / ``batch`` is out of range, or
+            ``token_id`` is not in ``[0, V)``.
+    """
+    from tokenflow.analysis.logit_lens import answer_depth
+    _check_lens(lens, position, batch)
+    if not 0 <= token_id < lens.shape[3]:
+        raise ValueError(f"token_id must be in [0, {lens.shape[3] - 1}], got {token_id}")
+    name = tokenizer.id_to_token(token_id)
+    p = lens[:, batch, position].float().softmax(-1)[:, token_id]      # [L+1]
+    first = answer_depth(lens, token_id, batch=batch, position=position)
+    lead = (f"{name} is not the top token at the last depth" if first is None else
+            f"{name} is the top token from depth {first} ({_depth_name(first)}) on, at every "
+            f"deeper layer too")
+    text = f"{lead}; its probability goes {' -> '.join(f'{float(v):.4f}' for v in p)}."
+    if len(p) > 1:
+        jump = int((p[1:] - p[:-1]).argmax())                          # the block adding most
+        text += (f" The largest step is block {jump} ({float(p[jump]):.4f} -> "
+                 f"{float(p[jump + 1]):.4f}).")
+    return text
+
+
+def logit_lens_compare(lens, other, tokenizer, token_id: int, names, position: int = -1,
+                       batch: int = 0):
+    """Two logit lenses read at the same ``(batch, position)``, depth by depth, as a
+    :class:`tokenflow.viz.Table`: the depth, what it reads, whether the two readings (the
+    ``V`` scores) are exactly equal, and the probability of ``token_id`` in each
+    (:func:`tokenflow.viz.prob_text`). The title names the two inputs and the position.
+
+    Args:
+        lens, other: ``[L+1, B, S, V]`` from :func:`tokenflow.analysis.logit_lens.logit_lens`
+            of two inputs (``S`` may differ; ``L+1`` and ``V`` may not).
+        tokenizer: anything with ``id_to_token``. token_id: a vocabulary id.
+        names: the two inputs' names, e.g. the two prompts.
+
+    Raises:
+        ValueError: on lenses of different depth or vocabulary, ``names`` not two entries, or
+            ``position`` / ``batch`` out of range for either lens.
+    """
+    from .fmt import Table
+    from .moe import prob_text
+    _check_lens(lens, position, batch)
+    _check_lens(other, position, batch)
+    if (lens.shape[0], lens.shape[3]) != (other.shape[0], other.shape[3]):
+        raise ValueError(f"lens and other must have the same L+1 and V, got "
+                         f"{list(lens.shape)} and {list(other.shape)}")
+    if len(names) != 2:
+        raise ValueError(f"names must name the two inputs, got {names!r}")
+    t = tokenizer.id_to_token(token_id)
+    rows = []
+    for depth in range(lens.shape[0]):
+        a, b = lens[depth, batch, position], other[depth, batch, position]     # [V]
+        rows.append((depth, _depth_name(depth), bool(a.equal(b)),
+                     prob_text(a.softmax(-1)[token_id]), prob_text(b.softmax(-1)[token_id])))
+    where = "last position" if position == -1 else f"position {position}"
+    return Table(rows, ["depth", "reads", "identical readings", f"p({t}) {names[0]}",
+                        f"p({t}) {names[1]}"], align="<<<>>",
+                 title=f"{names[0]} vs {names[1]}, {where}")
+
+
+def logit_lens_answers(lens, tokenizer, tokens: list[str], batch: int = 0):
+    """Per position, the token the last depth of the logit lens ranks first (what the model
+    predicts after ``tokens[s]``) and the depth from which it ranks first at every deeper
+    depth (:func:`tokenflow.analysis.logit_lens.answer_depth`), as a
+    :class:`tokenflow.viz.Table` (position, token, final top, top from depth).
+
+    Args:
+        lens: ``[L+1, B, S, V]`` from :func:`tokenflow.analysis.logit_lens.logit_lens`.
+        tokens: the ``S`` input token strings.
+
+    Raises:
+        ValueError: if ``lens`` is not 4-D, ``batch`` is out of range or ``tokens`` has not
+            ``S`` entries.
+    """
+    from tokenflow.analysis.logit_lens import answer_depth
+
+    from .fmt import Table
+    _check_lens(lens, -1, batch)
+    if len(tokens) != lens.shape[2]:
+        raise ValueError(f"tokens must have {lens.shape[2]} entries, got {len(tokens)}")
+    top = lens[-1, batch].argmax(-1).tolist()                          # [S]
+    return Table([(s, t, tokenizer.id_to_token(top[s]),
+                   answer_depth(lens, top[s], batch=batch, position=s))
+                  for s, t in enumerate(tokens)],
+                 ["position", "token", "final top", "top from depth"], align="><<>")

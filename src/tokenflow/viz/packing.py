@@ -1,4 +1,5 @@
-"""Figures of chapter 05's packed serving step: one step padded vs packed, preemptions marked.
+"""Chapter 05's packed serving step: one step padded vs packed, whole runs padded vs packed,
+preemptions marked.
 
 * :func:`packed_step_figure`: one engine step two ways. Left, the seed's view: every chunk a
   row of ``input_ids [B, S_max]``, short rows left-padded (what the engine computed before
@@ -6,7 +7,9 @@
   ``cu_seqlens_q`` boundaries; decode rows first, as the runner lays them out
   (:func:`tokenflow.serving.runner.prepare_packed`).
 * :func:`mark_preemptions`: red crosses on a request timeline (``serving_timeline``) at the
-  steps where a request lost its blocks.
+  steps where a request lost its blocks; :func:`preemption_report` says the same in words.
+* :func:`packing_table` / :func:`packing_summary`: the same workloads served padded and
+  packed, positions computed and time, as a table and as one paragraph.
 
 Part of :mod:`tokenflow.viz`, the only package that draws; nothing below it imports it.
 matplotlib is imported when a figure is drawn.
@@ -15,7 +18,8 @@ from __future__ import annotations
 
 from tokenflow.analysis.trace import COLORS
 
-__all__ = ["step_layout", "packed_step_figure", "mark_preemptions"]
+__all__ = ["step_layout", "packed_step_figure", "mark_preemptions", "packing_table",
+           "packing_summary", "preemption_report"]
 
 _PAD = "#e6e6e6"            # light grey: a padded position
 _PREEMPT = "#d62728"        # red: a preemption
@@ -107,3 +111,113 @@ def mark_preemptions(fig, timelines, steps) -> int:
         old = legend.legend_handles if legend is not None else []
         ax.legend(handles=list(old) + handles[-1:], fontsize=9, loc="upper right", ncol=4)
     return len(marks)
+
+
+def _packing_rows(engines: dict) -> list[list]:
+    """The rows of :func:`packing_table` (see there for ``engines``)."""
+    works = list(dict.fromkeys(w for w, _ in engines))
+    missing = [(w, lay) for w in works for lay in ("padded", "paged") if (w, lay) not in engines]
+    if not works or missing or len(engines) != 2 * len(works):
+        raise ValueError("engines must map (workload, 'padded') and (workload, 'paged') for each "
+                         f"workload and nothing else; missing {missing}, keys {list(engines)}")
+    rows = []
+    for work in works:
+        real = sum(s.num_tokens for s in engines[work, "paged"].steps)
+        if real == 0:
+            raise ValueError(f"the paged run of {work!r} scheduled no tokens")
+        for name, layout in (("padded", "padded"), ("packed", "paged")):
+            steps = engines[work, layout].steps
+            pos = sum(s.num_positions for s in steps)
+            t = sum(s.seconds for s in steps)                     # = engine.metrics()["elapsed_s"]
+            chunk_s = sum(s.seconds for s in steps if s.prefill)  # steps with a prompt chunk
+            rows.append([work, name, real, pos, pos / real, t * 1e3, chunk_s * 1e3,
+                         (t - chunk_s) * 1e3])
+    return rows
+
+
+def packing_table(engines: dict):
+    """The same workloads served padded and packed, as a :class:`tokenflow.viz.Table`: per
+    workload a ``padded`` and a ``packed`` row with the scheduled tokens (of the packed run),
+    the positions the forward computed (``StepRecord.num_positions``) and their ratio (2
+    decimals), then the total ms, the ms of the steps that carry a prompt chunk and the ms of
+    the decode-only steps (no decimals; measured, so they change from run to run).
+
+    Args:
+        engines: ``{(workload, "padded"): engine, (workload, "paged"): engine, ...}``: two
+            :class:`tokenflow.serving.LLMEngine` runs per workload name (``kv_storage``
+            ``"padded"`` and ``"paged"``), each having served the workload; rows follow the
+            workloads' first appearance in ``engines``.
+
+    Raises:
+        ValueError: if a workload lacks one of the two runs, a key has another layout, or a
+            packed run scheduled no tokens.
+    """
+    from .fmt import Table
+    return Table(_packing_rows(engines), ["workload", "layout", "tokens", "positions",
+                                          "per token", "ms", "ms: chunk steps",
+                                          "ms: decode-only"],
+                 digits=[0, 0, 0, 0, 2, 0, 0, 0], align="<<>>>>>>")
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def packing_summary(engines: dict, labels: dict | None = None) -> str:
+    """One paragraph on :func:`packing_table`'s runs: the positions the padded runs computed
+    per scheduled token (1 decimal) on each workload, and what the packed runs computed over
+    all workloads (2 decimals); the time ratio padded / packed per workload, and the same
+    ratio for the steps that carry a prompt chunk alone (2 decimals).
+
+    Args:
+        engines: as :func:`packing_table`.
+        labels: ``{workload: words}`` naming each workload in the text (default: its name).
+
+    Raises:
+        ValueError: as :func:`packing_table`; if a packed run took no time or had no step
+            with a prompt chunk.
+    """
+    rows = _packing_rows(engines)
+    works = [r[0] for r in rows[::2]]
+    label = {w: (labels or {}).get(w, w) for w in works}
+    if any(r[5] <= 0 or r[6] <= 0 for r in rows[1::2]):
+        raise ValueError("every packed run must take time and have a step with a prompt chunk")
+    padded = {w: (sum(s.num_positions for s in engines[w, "padded"].steps) /
+                  sum(s.num_tokens for s in engines[w, "padded"].steps)) for w in works}
+    packed = sum(r[3] for r in rows[1::2]) / sum(r[2] for r in rows[1::2])
+    time = {r_pad[0]: r_pad[5] / r_pack[5] for r_pad, r_pack in zip(rows[::2], rows[1::2])}
+    chunk = [r_pad[6] / r_pack[6] for r_pad, r_pack in zip(rows[::2], rows[1::2])]
+    waste = [f"{padded[works[0]]:.1f}x the scheduled tokens on {label[works[0]]}"]
+    waste += [f"{padded[w]:.1f}x on {label[w]}" for w in works[1:]]
+    return (f"Padding computed {_and(waste)}; packing computes {packed:.2f}x. Time, padded / "
+            f"packed: {', '.join(f'{time[w]:.2f}x on {label[w]}' for w in works)}. Steps that "
+            f"carry a prompt chunk alone: {_and([f'{c:.2f}x' for c in chunk])}.")
+
+
+def preemption_report(steps, prompts) -> str:
+    """Text, two lines per preemption in ``steps``: the step at which the request was
+    preempted (its blocks freed), then the step that admitted it again and the tokens it
+    recomputed there (its prompt plus the tokens it had generated; 1 if it came back as a
+    decode row), or that no later step admitted it. ``"no request was preempted"`` if none was.
+
+    Args:
+        steps: an engine's :class:`~tokenflow.serving.StepRecord` list, in step order.
+        prompts: the prompts' token ids, indexed by request id (for the prompt lengths).
+
+    Raises:
+        ValueError: if a preempted request id does not index ``prompts``.
+    """
+    lines = []
+    for pos, s in enumerate(steps):
+        for rid in s.preempted:
+            try:
+                prompt_len = len(prompts[rid])
+            except (IndexError, KeyError, TypeError):
+                raise ValueError(f"request id {rid!r} does not index prompts") from None
+            back = next((b for b in steps[pos + 1:]
+                         if rid in b.decode or any(r == rid for r, _ in b.prefill)), None)
+            lines.append(f"step {s.index}: request {rid} preempted (its blocks freed)")
+            lines.append("no later step admitted it again" if back is None else
+                         f"step {back.index}: admitted again, {dict(back.prefill).get(rid, 1)} "
+                         f"tokens recomputed (prompt {prompt_len} + the tokens it had generated)")
+    return "\n".join(lines) or "no request was preempted"
