@@ -129,7 +129,8 @@ def test_batching_times_table_units():
 # --------------------------------------------------------------------- packing
 def packing_runs():
     """Two workloads: "w" with a prompt-chunk step and a decode-only step, "v" with one
-    step of each; padded runs compute more positions than the tokens they schedule."""
+    step of each; padded runs compute more positions than the tokens they schedule, and v's
+    padded run counts another number of scheduled tokens (12) than its packed run (11)."""
     return {
         ("w", "padded"): engine([step(0, prefill=[(0, 4)], decode=[1], tokens=5, seconds=0.3,
                                       positions=12),
@@ -138,7 +139,7 @@ def packing_runs():
                                 step(1, decode=[0, 1], tokens=2, seconds=0.1)], []),
         ("v", "padded"): engine([step(0, prefill=[(0, 10)], tokens=10, seconds=0.5,
                                       positions=30),
-                                 step(1, decode=[0], tokens=1, seconds=0.05)], []),
+                                 step(1, decode=[0], tokens=2, seconds=0.05, positions=1)], []),
         ("v", "paged"): engine([step(0, prefill=[(0, 10)], tokens=10, seconds=0.2),
                                 step(1, decode=[0], tokens=1, seconds=0.05)], [])}
 
@@ -150,14 +151,15 @@ def test_packing_table_rows():
     text = [[t.cell_text(i, j) for j in range(8)] for i in range(4)]
     assert text == [["w", "padded", "7", "14", "2.00", "400", "300", "100"],
                     ["w", "packed", "7", "7", "1.00", "200", "100", "100"],
-                    ["v", "padded", "11", "31", "2.82", "550", "500", "50"],
+                    ["v", "padded", "11", "31", "2.82", "550", "500", "50"],   # packed run's 11
                     ["v", "packed", "11", "11", "1.00", "250", "200", "50"]]
     assert t.align == ["<", "<", ">", ">", ">", ">", ">", ">"]
 
 
 def test_packing_summary_text():
     text = packing_summary(packing_runs(), labels={"w": "the small one"})
-    assert text == ("Padding computed 2.0x the scheduled tokens on the small one and 2.8x on "
+    # padded positions per token of the padded run itself: 14 / 7 and 31 / 12
+    assert text == ("Padding computed 2.0x the scheduled tokens on the small one and 2.6x on "
                     "v; packing computes 1.00x. Time, padded / packed: 2.00x on the small one, "
                     "2.20x on v. Steps that carry a prompt chunk alone: 3.00x and 2.50x.")
 
@@ -175,16 +177,22 @@ def test_packing_rejects_a_missing_layout():
 
 # --------------------------------------------------------------------- preemption_report
 def test_preemption_report_lines():
-    steps = [step(0, prefill=[(0, 5), (1, 3)]), step(1, decode=[0, 1], preempted=[1]),
-             step(2, decode=[0], preempted=[0]), step(3, prefill=[(1, 6)])]
-    assert preemption_report(steps, [[9] * 5, [9] * 3]).splitlines() == [
+    steps = [step(0, prefill=[(0, 5), (1, 3), (2, 2)]),
+             step(1, decode=[0, 1, 2], preempted=[1]),
+             step(2, decode=[0], preempted=[0, 2]),
+             step(3, prefill=[(1, 6)]),
+             step(4, decode=[0])]                      # back as a decode row: 1 token
+    prompts = [[9] * 5, [9] * 3, [9] * 2]
+    assert preemption_report(steps, prompts).splitlines() == [
         "step 1: request 1 preempted (its blocks freed)",
         "step 3: admitted again, 6 tokens recomputed (prompt 3 + the tokens it had generated)",
         "step 2: request 0 preempted (its blocks freed)",
+        "step 4: admitted again, 1 tokens recomputed (prompt 5 + the tokens it had generated)",
+        "step 2: request 2 preempted (its blocks freed)",
         "no later step admitted it again"]
-    assert preemption_report(steps[:1], [[9] * 5, [9] * 3]) == "no request was preempted"
+    assert preemption_report(steps[:1], prompts) == "no request was preempted"
     with pytest.raises(ValueError, match="does not index"):
-        preemption_report(steps, [[9] * 5])
+        preemption_report(steps, prompts[:1])
 
 
 # --------------------------------------------------------------------- arrow_actions_table
