@@ -50,6 +50,7 @@ import re
 import shutil
 import sys
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,11 +66,22 @@ ITEM = re.compile(r"(\d+\.|-)\s")     # an item as tokenflow.viz.say starts it
 # Text on one slide: about CHARS_PER_LINE columns (a Chinese character takes two) at the
 # slides' text size, LINES_PER_SLIDE lines; a guess that the inline script's fitting corrects.
 CHARS_PER_LINE, LINES_PER_SLIDE = 80, 11
-FONT = ROOT / "src" / "tokenflow" / "data" / "fonts" / "TokenflowCJK-zh.woff2"
-FONT_FAMILY = "Tokenflow CJK"
-FONT_RANGES = [(0x2E80, 0x9FFF), (0xF900, 0xFAFF), (0xFE30, 0xFE4F), (0xFF00, 0xFFEF)]  # build_fonts.WEB_RANGES
 HIDDEN_BLUE = "#3b7dd8"               # tokenflow.analysis.trace.COLORS["hidden"]
 EDITIONS = {"en": ("", "en"), "zh_CN": ("zh", "zh-CN")}   # Sphinx language: (folder, html lang)
+
+
+def _build_fonts():
+    """scripts/build_fonts.py (the web font's file, family, code point ranges and subsetter)."""
+    import importlib.util
+    if "build_fonts" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("build_fonts", ROOT / "scripts" / "build_fonts.py")
+        sys.modules["build_fonts"] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["build_fonts"]
+
+
+build_fonts = _build_fonts()
+FONT, FONT_FAMILY, FONT_RANGES = build_fonts.WEB_FONT, build_fonts.WEB_FAMILY, build_fonts.WEB_RANGES
 
 
 # --- prose ----------------------------------------------------------------------------------
@@ -140,6 +152,9 @@ def plain(inline_html: str) -> str:
 # --- a chapter's slides ----------------------------------------------------------------------
 @dataclass
 class Slide:
+    """One slide: its ``kind`` (``title``, ``figure``, ``table``, ``numbers``; the tests read the
+    numbers off the ``numbers`` slides), its ``title`` (inline HTML) and its ``body`` (HTML)."""
+
     kind: str                  # title, figure, table, numbers
     title: str                 # inline HTML
     body: str                  # HTML
@@ -147,6 +162,8 @@ class Slide:
 
 @dataclass
 class Deck:
+    """A chapter's slides, in order, with the chapter's number, page and title (inline HTML)."""
+
     number: str                # "00"
     page: str                  # "notebooks/00_token_flow"
     title: str                 # inline HTML
@@ -177,7 +194,8 @@ def text_items(text: str) -> list[str]:
 
 
 def _columns(text: str) -> int:
-    return sum(2 if any(a <= ord(c) <= b for a, b in FONT_RANGES) else 1 for c in text)
+    """Columns of ``text``, wide characters counting 2 (as tokenflow.viz.fmt.display_width)."""
+    return sum(2 if unicodedata.east_asian_width(c) in ("W", "F") else 1 for c in text)
 
 
 def pack_items(items: list[str], lines: int = LINES_PER_SLIDE) -> list[list[str]]:
@@ -225,7 +243,11 @@ def _figure(mime: str, data, caption: str) -> str:
 
 
 def cell_slides(cells: list, i: int, title: str, prose: Prose) -> list[Slide]:
-    """The slides of the code cell ``i`` (tagged ``slide``), under the heading ``title``."""
+    """The slides of the code cell ``i`` (tagged ``slide``), under the heading ``title``.
+
+    Raises:
+        ValueError: if the cell has no figure, table or printed text stored.
+    """
     outputs = cells[i].get("outputs", [])
     figures = [(mime, o["data"][mime]) for o in outputs for mime in ("image/png", "image/svg+xml")
                if mime in o.get("data", {})]
@@ -291,13 +313,8 @@ def font_css(text: str) -> str:
     chars = {c for c in text if any(a <= ord(c) <= b for a, b in FONT_RANGES)}
     if not chars:
         return ""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from build_fonts import _subset
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
     from fontTools.ttLib import TTFont
-    font = _subset(TTFont(str(FONT)), chars)
+    font = build_fonts._subset(TTFont(str(FONT)), chars)
     font.flavor = "woff2"
     buf = io.BytesIO()
     font.save(buf)
@@ -332,6 +349,7 @@ body { margin: 0; background: #2b2d31; color: #1f2328;
 .slide figure img { flex: 1 1 auto; min-height: 0; max-width: 100%%; width: 100%%; object-fit: contain; }
 .slide figcaption { font-size: calc(20px * min(var(--k), 1)); color: #444; text-align: center; }
 .slide .item { margin: 0 0 0.35em; }
+.slide ul.decks { list-style: none; padding: 0; margin: 0; }
 .slide .item .mark { color: %(blue)s; font-weight: 600; }
 .slide .table { flex: 0 1 auto; min-height: 0; font-size: calc(19px * var(--k)); }
 .slide table.tf-table { border-collapse: collapse; font-variant-numeric: tabular-nums; margin: 0 auto; }
@@ -486,7 +504,7 @@ def index_html(decks: list[Deck], lang: str, css: str) -> str:
     items = "".join(f'<li><a href="{d.number}.html">{d.title}</a> ({len(d.slides)})</li>'
                     for d in decks)
     body = (f'<section class="slide" data-kind="index"><h2>tokenflow</h2><div class="body">'
-            f'<ol start="0">{items}</ol><p><a href="handout.html">handout.html</a> (A4)</p>'
+            f'<ul class="decks">{items}</ul><p><a href="handout.html">handout.html</a> (A4)</p>'
             f"</div></section>")
     return _page("tokenflow slides", lang, "index", body, css)
 

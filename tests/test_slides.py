@@ -13,6 +13,7 @@ nothing wider than the printable width or cut by its box (tests/test_browser.py'
 from __future__ import annotations
 
 import base64
+import importlib.util
 import io
 import json
 import re
@@ -21,12 +22,20 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_browser import A4_WIDTH_PX, PRINT_JS
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import slides  # noqa: E402  (scripts/slides.py)
+
+
+def _script(name: str):
+    """Import scripts/<name>.py as a module (registered: its dataclasses need that)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    sys.modules[name] = mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+slides = _script("slides")
 
 CHAPTERS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 NUMBERS_HEADINGS = ("What you can now say with numbers", "In a few sentences")
@@ -58,7 +67,7 @@ def font_gaps(deck_html: str) -> str:
     from fontTools.ttLib import TTFont
     m = re.search(r"url\(data:font/woff2;base64,([A-Za-z0-9+/=]+)\)", deck_html)
     text = re.sub(r"data:[^\"')]+", "", re.sub(r"<style>.*?</style>|<script>.*?</script>", "",
-                                                deck_html, flags=re.S))
+                                                deck_html, flags=re.DOTALL))
     chars = set(CJK.findall(re.sub(r"<[^>]+>", "", text)))
     if not m:
         return "".join(sorted(chars))
@@ -163,7 +172,7 @@ def test_deck_keys_and_hash(page, book_html_dir):
     path = book_html_dir / "slides" / "01.html"
     page.goto(path.as_uri() + "#3", wait_until="load")
     page.wait_for_function("() => window.tokenflowDeck !== undefined")
-    now = lambda: page.evaluate("() => window.tokenflowDeck.current()")   # noqa: E731
+    now = lambda: page.evaluate("() => window.tokenflowDeck.current()")
     seen = [now()]
     for key in ("ArrowRight", "End", "ArrowRight", "ArrowLeft", "Home", "ArrowLeft"):
         page.keyboard.press(key)
