@@ -5,6 +5,7 @@
 #   make lab    JupyterLab on notebooks/
 #   make participant  notebooks for a workshop's participants -> _build/participant/
 #   make dist   the built HTML book (both editions) as one archive -> _build/tokenflow-book.zip
+#   make handout  every chapter's slides on A4, both editions -> _build/handout/*.pdf (Chromium)
 # A fresh machine needs Python 3.11, 3.12 or 3.13 (PYTHON=python3.12 picks one), git, make and
 # node/npm (npm only fetches the offline widget JS); `make test` also needs a Chromium, which it
 # finds or installs itself (target `chromium`).
@@ -34,7 +35,7 @@ WIDGET_JS := .widgets_js/extra/_static/tokenflow-widgets/VERSIONS.txt
 TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: help venv setup book widget-js chromium test lab clean distclean participant dist
+.PHONY: help venv setup book widget-js chromium test lab clean distclean participant dist handout
 .PHONY: book-zh i18n-update i18n-check
 
 help:
@@ -43,6 +44,7 @@ help:
 	@echo "make lab    start JupyterLab on notebooks/"
 	@echo "make participant  participant notebooks (outputs cleared, solutions left out) -> _build/participant/"
 	@echo "make dist   build the book and pack it as _build/tokenflow-book.zip (readers need no node)"
+	@echo "make handout  build the book, print every chapter's slides on A4 -> _build/handout/*.pdf (Chromium)"
 	@echo "make i18n-update  after changing English prose: re-extract messages into locale/zh_CN/*.po"
 	@echo "make i18n-check   translation check (I18N_STRICT=1 fails on any gap; see README)"
 	@echo "make venv   create .venv and install requirements.txt (alias: setup)"
@@ -137,6 +139,12 @@ test: $(STAMP) widget-js chromium i18n-check participant
 # Participant notebooks: outputs cleared, solutions left out; the instructor keeps notebooks/.
 participant: $(STAMP)
 	$(VPY) scripts/participant_notebooks.py _build/participant
+
+# Slides: `make book` writes a deck per chapter to _build/html/slides/NN.html (and zh/slides/),
+# scripts/slides.py running as a Sphinx extension. The handout: both editions' slides/handout.html
+# printed on A4 with Chromium (Playwright) -> _build/handout/tokenflow-handout{,-zh}.pdf.
+handout: book chromium
+	$(VPY) scripts/slides.py handout
 
 # The built book (English + _build/html/zh/) as one zip: unpack anywhere, open index.html.
 dist: book

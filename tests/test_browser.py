@@ -312,11 +312,12 @@ def test_solutions_hidden_until_opened(tab, server):
 # Printed on A4 with 10 mm side margins, the page is 190 mm = 718 CSS px wide. In print media
 # (_static/tokenflow.css @media print) nothing may stick out of that width or be cut by its box:
 # every element of the article except MathJax's inner parts and inline math, whose glyphs
-# overhang by a pixel or two (a display equation's <mjx-math> is checked).
+# overhang by a pixel or two (a display equation's <mjx-math> is checked). ``scope``: the part
+# of the page checked (tests/test_slides.py checks the handout with it).
 A4_WIDTH_PX = 718
-PRINT_JS = """(W) => {
+PRINT_JS = """(W, scope = '.bd-article') => {
   const out = [];
-  for (const e of document.querySelectorAll('.bd-article *')) {
+  for (const e of document.querySelectorAll(scope + ' *')) {
     if ((e.closest('mjx-container') && !e.matches('mjx-container[display="true"] > mjx-math'))
         || e.matches('span.math') || !e.checkVisibility()) continue;
     const cs = getComputedStyle(e), r = e.getBoundingClientRect();

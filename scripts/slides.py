@@ -1,0 +1,639 @@
+"""Teaching slides and a printable handout, made from the chapters themselves ([W1]).
+
+One deck per chapter, ``slides/NN.html`` next to the book's pages (``_build/html/slides/``, and
+``_build/html/zh/slides/`` for the Chinese edition), with ``slides/index.html`` and
+``slides/handout.html`` (every deck, two slides to an A4 page). Nothing on a slide is typed
+in: a deck is read from its notebook's sources and stored outputs, so it says what the book says.
+
+* Slide 1: the chapter's title and its question (the paragraph that starts with
+  ``**The question.**``, else the first paragraph after the title).
+* Every code cell tagged ``slide`` gives slides from its stored outputs: one per figure
+  (``image/png`` or ``image/svg+xml``) with the caption the book shows under it (the first
+  paragraph of the next markdown cell, when it is in italics); else one per table
+  (``tokenflow.viz.Table``'s HTML); else its printed text, one paragraph per item (``1. ...``,
+  ``- ...``, as ``tokenflow.viz.say`` prints them), on as many slides as the items need.
+* A slide's title is the heading its cell sits under.
+
+Prose (title, question, headings, captions) is the notebook's markdown; in the Chinese edition
+each message is looked up in ``locale/zh_CN/LC_MESSAGES/notebooks/<chapter>.po``, as Sphinx does
+(an untranslated or fuzzy message stays English). Outputs stay as stored, as in the book.
+
+Each file stands alone: figures are ``data:`` URLs, style and script are inline, and Chinese
+characters are drawn with a subset of the book's web font (``TokenflowCJK-zh.woff2``, SIL OFL,
+subset by ``build_fonts._subset``), inline as well, since Chromium refuses fonts from ``file://``
+URLs. No request leaves the file: a deck opens from a USB stick. Keys: right / left arrow,
+PageDown / PageUp, space, Home / End; the two buttons; ``#3`` in the URL opens slide 3. A slide is
+laid out at 1280 x 720 CSS px and scaled to the window; text that would not fit is set smaller
+(down to 60 %) by the inline script. Printing a deck gives one 16:9 page per slide; printing
+``handout.html`` gives A4 pages, two slides each, every chapter on a new page.
+
+The book builds the decks of the edition it builds (this file is a Sphinx extension, loaded by
+_config.yml; ``build-finished`` of the HTML builder). By hand, from the repository root:
+
+    python scripts/slides.py build [--lang zh_CN] [--out DIR]   # decks of one edition
+    python scripts/slides.py handout    # both editions' handout.html -> _build/handout/*.pdf
+
+``handout`` prints with Chromium (Playwright, as the browser tests do): $TOKENFLOW_CHROMIUM, else
+``chromium`` on PATH, else Playwright's own build (``make handout`` finds or installs one).
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import json
+import math
+import os
+import posixpath
+import re
+import shutil
+import sys
+import time
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SLIDE_TAG = "slide"
+WIDTH, HEIGHT = 1280, 720             # a slide's box in CSS px (16:9)
+A4_PRINT_WIDTH = 718                  # 190 mm (A4 less 10 mm side margins) in CSS px
+A4_PRINT_HEIGHT = 1031                # 273 mm (A4 less 12 mm top and bottom margins)
+HANDOUT_ZOOM = A4_PRINT_WIDTH / WIDTH  # a slide on the handout: 718 x 404 px, two to a page
+PER_SHEET = 2
+QUESTION = "**The question.**"
+ITEM = re.compile(r"(\d+\.|-)\s")     # an item as tokenflow.viz.say starts it
+# Text on one slide: about CHARS_PER_LINE columns (a Chinese character takes two) at the
+# slides' text size, LINES_PER_SLIDE lines; a guess that the inline script's fitting corrects.
+CHARS_PER_LINE, LINES_PER_SLIDE = 80, 11
+HIDDEN_BLUE = "#3b7dd8"               # tokenflow.analysis.trace.COLORS["hidden"]
+EDITIONS = {"en": ("", "en"), "zh_CN": ("zh", "zh-CN")}   # Sphinx language: (folder, html lang)
+
+
+def _build_fonts():
+    """scripts/build_fonts.py (the web font's file, family, code point ranges and subsetter)."""
+    import importlib.util
+    if "build_fonts" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("build_fonts", ROOT / "scripts" / "build_fonts.py")
+        sys.modules["build_fonts"] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["build_fonts"]
+
+
+build_fonts = _build_fonts()
+FONT, FONT_FAMILY, FONT_RANGES = build_fonts.WEB_FONT, build_fonts.WEB_FAMILY, build_fonts.WEB_RANGES
+
+
+# --- prose ----------------------------------------------------------------------------------
+def read_catalog(root: Path, lang: str, page: str) -> dict[str, str]:
+    """The translations of ``page`` (e.g. ``notebooks/00_token_flow``) into ``lang``: msgid ->
+    msgstr, without fuzzy or empty entries (Sphinx leaves those English too). ``{}`` for English
+    or a page without a catalog."""
+    if lang == "en":
+        return {}
+    po = root / "locale" / lang / "LC_MESSAGES" / f"{page}.po"
+    if not po.is_file():
+        return {}
+    from babel.messages.pofile import read_po
+    with po.open("rb") as f:
+        catalog = read_po(f)
+    return {m.id: m.string for m in catalog if m.id and m.string and not m.fuzzy}
+
+
+class Prose:
+    """Markdown of one notebook rendered for a slide, translated message by message.
+
+    A message is what Sphinx's gettext builder extracts: a paragraph, heading or table cell,
+    its lines joined by spaces. Relative links to book pages (``../book/intro.md``, ``01_x.ipynb``)
+    point at the built pages from ``slides/``; other relative links are dropped (their text
+    stays)."""
+
+    def __init__(self, catalog: dict[str, str], page_dir: str = "notebooks"):
+        from markdown_it import MarkdownIt
+        self.catalog, self.page_dir = catalog, page_dir
+        self.md = MarkdownIt("commonmark", {"html": False}).enable("table")
+        self.md.add_render_rule("link_open", lambda _, *args: self._link_open(*args))
+
+    def _link_open(self, tokens, idx, options, env):
+        token = tokens[idx]
+        href = token.attrGet("href") or ""
+        if not re.match(r"[a-z]+:", href) and not href.startswith("#"):
+            path, _, anchor = href.partition("#")
+            stem, ext = posixpath.splitext(posixpath.normpath(posixpath.join(self.page_dir, path)))
+            href = f"../{stem}.html" + (f"#{anchor}" if anchor else "") if ext in (".md", ".ipynb") else ""
+        if not href:
+            return "<a>"
+        token.attrSet("href", href)
+        return self.md.renderer.renderToken(tokens, idx, options, env)
+
+    def message(self, text: str) -> str:
+        """``text`` in this edition's language (itself when untranslated)."""
+        return self.catalog.get(" ".join(text.split("\n")).strip(), text)
+
+    def inline(self, text: str) -> str:
+        """One message (a paragraph, heading or caption) as inline HTML."""
+        return self.md.renderInline(self.message(text))
+
+    def blocks(self, markdown: str) -> list[tuple[str, str, str]]:
+        """The top-level blocks of ``markdown``: (kind, tag, inline source) for headings
+        (``heading``, ``h2``) and paragraphs (``paragraph``, ``p``); other blocks are skipped."""
+        tokens, out = self.md.parse(markdown), []
+        for i, t in enumerate(tokens):
+            if t.level == 0 and t.type in ("heading_open", "paragraph_open"):
+                out.append((t.type.removesuffix("_open"), t.tag, tokens[i + 1].content))
+        return out
+
+
+def plain(inline_html: str) -> str:
+    """The text of an inline HTML fragment (for alt and title attributes)."""
+    return html.unescape(re.sub(r"<[^>]+>", "", inline_html)).strip()
+
+
+# --- a chapter's slides ----------------------------------------------------------------------
+@dataclass
+class Slide:
+    """One slide: its ``kind`` (``title``, ``figure``, ``table``, ``numbers``; the tests read the
+    numbers off the ``numbers`` slides), its ``title`` (inline HTML) and its ``body`` (HTML)."""
+
+    kind: str                  # title, figure, table, numbers
+    title: str                 # inline HTML
+    body: str                  # HTML
+
+
+@dataclass
+class Deck:
+    """A chapter's slides, in order, with the chapter's number, page and title (inline HTML)."""
+
+    number: str                # "00"
+    page: str                  # "notebooks/00_token_flow"
+    title: str                 # inline HTML
+    slides: list[Slide] = field(default_factory=list)
+
+
+def _source(cell) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def _text(value) -> str:
+    return "".join(value) if isinstance(value, list) else value
+
+
+def text_items(text: str) -> list[str]:
+    """Printed text as items: a line that starts with ``1.`` or ``-`` (or is not indented)
+    starts one, an indented line continues it (``say`` wraps with an indent). Blank lines go."""
+    items: list[str] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if items and line.startswith(" ") and not ITEM.match(line.lstrip()):
+            items[-1] += " " + line.strip()
+        else:
+            items.append(line.strip())
+    return items
+
+
+def _columns(text: str) -> int:
+    """Columns of ``text``, wide characters counting 2 (as tokenflow.viz.fmt.display_width)."""
+    return sum(2 if unicodedata.east_asian_width(c) in ("W", "F") else 1 for c in text)
+
+
+def pack_items(items: list[str], lines: int = LINES_PER_SLIDE) -> list[list[str]]:
+    """Items in order, grouped so that each group fills at most ``lines`` estimated lines (an
+    item longer than that gets a group of its own)."""
+    groups: list[list[str]] = [[]]
+    used = 0
+    for item in items:
+        need = math.ceil(_columns(item) / CHARS_PER_LINE)
+        if groups[-1] and used + need > lines:
+            groups.append([])
+            used = 0
+        groups[-1].append(item)
+        used += need
+    return [g for g in groups if g]
+
+
+def _item_html(item: str) -> str:
+    m = ITEM.match(item)
+    mark, rest = (m.group(1), item[m.end():]) if m else ("", item)
+    mark_html = f'<span class="mark">{html.escape(mark)}</span> ' if mark else ""
+    return f'<p class="item">{mark_html}{html.escape(rest)}</p>'
+
+
+def _caption(cells: list, i: int, prose: Prose) -> str:
+    """The book's caption of the figure in cell ``i``: the next cell's first paragraph when it
+    is all in italics (``*...*``), as inline HTML; else ``""``."""
+    if i + 1 >= len(cells) or cells[i + 1]["cell_type"] != "markdown":
+        return ""
+    blocks = prose.blocks(_source(cells[i + 1]))
+    if not blocks or blocks[0][0] != "paragraph":
+        return ""
+    text = blocks[0][2].strip()
+    if text.startswith("*") and text.endswith("*") and not text.startswith("**"):
+        return prose.inline(text)
+    return ""
+
+
+def _figure(mime: str, data, caption: str) -> str:
+    b64 = _text(data).strip() if mime == "image/png" else \
+        base64.b64encode(_text(data).encode("utf-8")).decode()
+    alt = html.escape(plain(caption) or "figure", quote=True)
+    cap = f"<figcaption>{caption}</figcaption>" if caption else ""
+    return (f'<figure><img src="data:{mime};base64,{b64}" alt="{alt}">{cap}</figure>')
+
+
+def cell_slides(cells: list, i: int, title: str, prose: Prose) -> list[Slide]:
+    """The slides of the code cell ``i`` (tagged ``slide``), under the heading ``title``.
+
+    Raises:
+        ValueError: if the cell has no figure, table or printed text stored.
+    """
+    outputs = cells[i].get("outputs", [])
+    figures = [(mime, o["data"][mime]) for o in outputs for mime in ("image/png", "image/svg+xml")
+               if mime in o.get("data", {})]
+    if figures:
+        caption = _caption(cells, i, prose)
+        return [Slide("figure", title, _figure(mime, data, caption if k == len(figures) - 1 else ""))
+                for k, (mime, data) in enumerate(figures)]
+    tables = [_text(o["data"]["text/html"]) for o in outputs
+              if 'class="tf-table"' in _text(o.get("data", {}).get("text/html", ""))]
+    if tables:
+        return [Slide("table", title, f'<div class="table">{t}</div>') for t in tables]
+    text = "".join(_text(o["text"]) for o in outputs
+                   if o["output_type"] == "stream" and o.get("name") == "stdout")
+    groups = pack_items(text_items(text))
+    if not groups:
+        raise ValueError(f"cell {i} is tagged {SLIDE_TAG!r} but has no figure, table or "
+                         "printed text stored: run the notebook")
+    return [Slide("numbers", title + (f" ({k + 1}/{len(groups)})" if len(groups) > 1 else ""),
+                  "".join(_item_html(item) for item in group))
+            for k, group in enumerate(groups)]
+
+
+def chapter_deck(notebook: Path, root: Path = ROOT, lang: str = "en") -> Deck:
+    """The deck of one chapter notebook in edition ``lang`` (``en`` or ``zh_CN``).
+
+    Raises:
+        ValueError: if the notebook has no ``# title`` in its first cell, no paragraph after
+            it, or a cell tagged ``slide`` without stored outputs to show.
+    """
+    page = f"notebooks/{notebook.stem}"
+    prose = Prose(read_catalog(root, lang, page))
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    blocks = prose.blocks(_source(cells[0]))
+    titles = [b[2] for b in blocks if b[1] == "h1"]
+    paragraphs = [b[2] for b in blocks if b[0] == "paragraph"]
+    if not titles or not paragraphs:
+        raise ValueError(f"{notebook}: the first cell needs a '# title' and a paragraph")
+    question = next((p for p in paragraphs if p.startswith(QUESTION)), paragraphs[0])
+    title = prose.inline(titles[0])
+    book_page = f"../{page}.html"
+    deck = Deck(notebook.stem[:2], page, title)
+    deck.slides.append(Slide("title", title, f'<p class="question">{prose.inline(question)}</p>'
+                             f'<p class="source"><a href="{book_page}">{page}.ipynb</a></p>'))
+    heading = titles[0]
+    for i, cell in enumerate(cells):
+        if cell["cell_type"] == "markdown":
+            heads = [b[2] for b in prose.blocks(_source(cell)) if b[0] == "heading"]
+            heading = heads[-1] if heads else heading
+        elif SLIDE_TAG in cell.get("metadata", {}).get("tags", []):
+            deck.slides += cell_slides(cells, i, prose.inline(heading), prose)
+    return deck
+
+
+def chapters(root: Path = ROOT) -> list[Path]:
+    """The chapter notebooks, in order (``notebooks/NN_*.ipynb``)."""
+    return sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+# --- font ------------------------------------------------------------------------------------
+def font_css(text: str) -> str:
+    """``@font-face`` for :data:`FONT_FAMILY`: the book's web font cut to the CJK characters of
+    ``text``, woff2 inline; ``""`` when ``text`` has none."""
+    chars = {c for c in text if any(a <= ord(c) <= b for a, b in FONT_RANGES)}
+    if not chars:
+        return ""
+    from fontTools.ttLib import TTFont
+    font = build_fonts._subset(TTFont(str(FONT)), chars)
+    font.flavor = "woff2"
+    buf = io.BytesIO()
+    font.save(buf)
+    ranges = ", ".join(f"U+{a:X}-{b:X}" for a, b in FONT_RANGES)
+    return (f"/* {FONT_FAMILY}: subset of Noto Sans CJK SC, SIL Open Font License 1.1 */\n"
+            f'@font-face {{ font-family: "{FONT_FAMILY}"; font-weight: 400; '
+            f"unicode-range: {ranges};\n  src: url(data:font/woff2;base64,"
+            f'{base64.b64encode(buf.getvalue()).decode()}) format("woff2"); }}\n')
+
+
+# --- HTML ------------------------------------------------------------------------------------
+STYLE = """
+html { --k: 1; }
+body { margin: 0; background: #2b2d31; color: #1f2328;
+  font-family: "%(font)s", system-ui, -apple-system, "Segoe UI", Roboto, "Noto Sans",
+               "Liberation Sans", Arial, sans-serif; }
+.slide { box-sizing: border-box; width: %(w)dpx; height: %(h)dpx; margin: 0 auto 24px;
+  padding: 44px 60px 52px; background: #fff; display: flex; flex-direction: column; gap: 18px;
+  position: relative; overflow: visible; font-size: calc(26px * min(var(--k), 1)); line-height: 1.35; }
+.slide h1 { font-size: calc(50px * min(var(--k), 1)); margin: auto 0 0; color: %(blue)s; line-height: 1.2; }
+.slide h2 { font-size: calc(34px * min(var(--k), 1)); margin: 0; color: %(blue)s; line-height: 1.2;
+  border-bottom: 3px solid %(blue)s; padding-bottom: 8px; }
+.slide .body { flex: 1 1 auto; min-height: 0; display: flex; flex-direction: column; gap: 12px; }
+.slide[data-kind="title"] .body { flex: 0 1 auto; margin-bottom: auto; }
+.slide .question { font-size: calc(30px * min(var(--k), 1)); margin: 0; }
+.slide .source { font-size: 18px; margin: 0; }
+.slide .source a { color: #59636e; }
+.slide code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberation Mono",
+  monospace, "%(font)s"; font-size: 0.9em; background: #f3f4f6; padding: 0 0.2em; border-radius: 3px; }
+.slide figure { margin: 0; flex: 1 1 auto; min-height: 0; display: flex; flex-direction: column;
+  align-items: center; gap: 8px; }
+.slide figure img { flex: 1 1 auto; min-height: 0; max-width: 100%%; width: 100%%; object-fit: contain; }
+.slide figcaption { font-size: calc(20px * min(var(--k), 1)); color: #444; text-align: center; }
+.slide .item { margin: 0 0 0.35em; }
+.slide ul.decks { list-style: none; padding: 0; margin: 0; }
+.slide .item .mark { color: %(blue)s; font-weight: 600; }
+.slide .table { flex: 0 1 auto; min-height: 0; font-size: calc(19px * var(--k)); }
+.slide table.tf-table { border-collapse: collapse; font-variant-numeric: tabular-nums; margin: 0 auto; }
+.slide table.tf-table th, .slide table.tf-table td { padding: 0.12em 0.6em; white-space: nowrap;
+  border-bottom: 1px solid #d0d7de; }
+.slide table.tf-table caption { caption-side: top; text-align: left; font-weight: 600; padding-bottom: 0.3em; }
+.slide footer { position: absolute; left: 60px; right: 60px; bottom: 16px; display: flex;
+  justify-content: space-between; font-size: 15px; color: #8b949e; }
+nav.deck-nav { display: none; }
+html.js body { overflow: hidden; height: 100vh; }
+html.js .slide { display: none; position: absolute; left: 50%%; top: 50%%; margin: 0;
+  transform: translate(-50%%, -50%%) scale(var(--s, 1)); }
+html.js .slide.active { display: flex; }
+html.js nav.deck-nav { display: flex; gap: 8px; position: fixed; left: 50%%; bottom: 8px;
+  transform: translateX(-50%%); z-index: 2; opacity: 0.6; }
+html.js nav.deck-nav:hover { opacity: 1; }
+nav.deck-nav button { font-size: 18px; padding: 2px 12px; border: 1px solid #8b949e;
+  border-radius: 4px; background: #fff; cursor: pointer; }
+@media print {
+  @page { size: %(w)dpx %(h)dpx; margin: 0; }
+  html.js body, body { background: #fff; overflow: visible; height: auto; }
+  html.js .slide, .slide { display: flex; position: relative; left: auto; top: auto; transform: none;
+    margin: 0; break-after: page; }
+  nav.deck-nav, html.js nav.deck-nav { display: none; }
+}
+"""
+
+HANDOUT_STYLE = """
+.handout .sheet { display: flex; flex-direction: column; gap: 16px; align-items: center;
+  margin: 0 auto 24px; }
+.handout .slide { zoom: %(zoom)s; margin: 0; box-shadow: 0 0 0 1px #d0d7de; }
+@media print {
+  @page { size: A4; margin: 12mm 10mm; }
+  .handout .sheet { break-after: page; margin: 0; }
+  .handout .slide { break-after: auto; }
+}
+"""
+
+# Fit each slide: its text smaller (--k, down to MIN_K) until every element of its body lies in
+# its content box (inside the padding) and the footer in the slide; a table also grows (up to
+# MAX_K_TABLE) while it fits. Then (decks only) one slide at a time, scaled to the window, with
+# keys, buttons and #N.
+SCRIPT = """
+(function () {
+  var MIN_K = 0.6, MAX_K_TABLE = 1.5;
+  var slides = [].slice.call(document.querySelectorAll('.slide'));
+  function inside(e, r) {
+    var q = e.getBoundingClientRect();
+    return q.left >= r.left - 1 && q.right <= r.right + 1 && q.top >= r.top - 1 &&
+           q.bottom <= r.bottom + 1;
+  }
+  function fits(s) {
+    var r = s.getBoundingClientRect(), cs = getComputedStyle(s), z = r.width / s.offsetWidth;
+    var box = {left: r.left + parseFloat(cs.paddingLeft) * z, right: r.right - parseFloat(cs.paddingRight) * z,
+               top: r.top + parseFloat(cs.paddingTop) * z, bottom: r.bottom - parseFloat(cs.paddingBottom) * z};
+    return [].slice.call(s.querySelectorAll('*')).every(function (e) {
+      return e.closest('footer') ? inside(e, r) : inside(e, box);
+    }) && s.scrollWidth <= s.clientWidth + 1 && s.scrollHeight <= s.clientHeight + 1;
+  }
+  function setK(s, k) { s.style.setProperty('--k', k); }
+  function fit() {
+    slides.forEach(function (s) {
+      var shown = s.style.display, k = 1;
+      s.style.display = 'flex';
+      while (!fits(s) && k > MIN_K + 1e-9) { k = Math.round((k - 0.05) * 100) / 100; setK(s, k); }
+      if (s.dataset.kind === 'table') {
+        while (k < MAX_K_TABLE - 1e-9) {
+          setK(s, Math.round((k + 0.05) * 100) / 100);
+          if (!fits(s)) { setK(s, k); break; }
+          k = Math.round((k + 0.05) * 100) / 100;
+        }
+      }
+      s.style.display = shown;
+    });
+    document.documentElement.dataset.fitted = 'yes';
+  }
+  var deck = document.body.classList.contains('deck');
+  var i = 0;
+  function show(n) {
+    i = Math.max(0, Math.min(slides.length - 1, n));
+    slides.forEach(function (s, k) { s.classList.toggle('active', k === i); });
+    history.replaceState(null, '', '#' + (i + 1));
+  }
+  function scale() {
+    var s = Math.min(innerWidth / %(w)d, innerHeight / %(h)d);
+    document.documentElement.style.setProperty('--s', s);
+  }
+  function start() {
+    fit();
+    if (!deck) { return; }
+    document.documentElement.classList.add('js');
+    scale();
+    show((parseInt(location.hash.slice(1), 10) || 1) - 1);
+    addEventListener('resize', scale);
+    addEventListener('keydown', function (e) {
+      var next = {ArrowRight: 1, ArrowDown: 1, PageDown: 1, ' ': 1,
+                  ArrowLeft: -1, ArrowUp: -1, PageUp: -1}[e.key];
+      if (next) { show(i + next); e.preventDefault(); }
+      else if (e.key === 'Home') { show(0); } else if (e.key === 'End') { show(slides.length - 1); }
+    });
+    document.getElementById('prev').onclick = function () { show(i - 1); };
+    document.getElementById('next').onclick = function () { show(i + 1); };
+    window.tokenflowDeck = {show: show, current: function () { return i; }, count: slides.length};
+  }
+  // fit once the fonts (and the inline images) are in
+  addEventListener('load', function () { document.fonts.ready.then(start); });
+})();
+"""
+
+
+def _page(title: str, lang: str, body_class: str, body: str, css: str, handout: bool = False) -> str:
+    style = STYLE % {"w": WIDTH, "h": HEIGHT, "blue": HIDDEN_BLUE, "font": FONT_FAMILY}
+    if handout:
+        style += HANDOUT_STYLE % {"zoom": f"{HANDOUT_ZOOM:.7g}"}
+    return (f'<!doctype html>\n<html lang="{lang}">\n<head>\n<meta charset="utf-8">\n'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            f'<link rel="icon" href="data:,">\n<title>{html.escape(title)}</title>\n'
+            f"<style>\n{css}{style}</style>\n</head>\n<body class=\"{body_class}\">\n{body}\n"
+            f"<script>{SCRIPT % {'w': WIDTH, 'h': HEIGHT}}</script>\n</body>\n</html>\n")
+
+
+def _slide_html(deck: Deck, k: int, slide: Slide) -> str:
+    heading = (f"<h1>{slide.title}</h1>" if slide.kind == "title" else f"<h2>{slide.title}</h2>")
+    return (f'<section class="slide" data-kind="{slide.kind}" data-chapter="{deck.number}" '
+            f'id="s{deck.number}-{k + 1}">{heading}<div class="body">{slide.body}</div>'
+            f"<footer><span>tokenflow · {deck.page.split('/')[-1]}</span>"
+            f"<span>{k + 1} / {len(deck.slides)}</span></footer></section>")
+
+
+def deck_html(deck: Deck, lang: str, css: str) -> str:
+    """One deck as a standalone HTML file (``lang``: the HTML language tag)."""
+    nav = ('<nav class="deck-nav"><button id="prev" aria-label="previous slide">&#8249;</button>'
+           '<button id="next" aria-label="next slide">&#8250;</button></nav>')
+    slides = "\n".join(_slide_html(deck, k, s) for k, s in enumerate(deck.slides))
+    return _page(plain(deck.title), lang, "deck", f"{slides}\n{nav}", css)
+
+
+def handout_html(decks: list[Deck], lang: str, css: str) -> str:
+    """Every deck on A4 (print it): :data:`PER_SHEET` slides to a sheet, a chapter starts a
+    sheet. Each ``.sheet`` is one printed page."""
+    sheets = []
+    for deck in decks:
+        for start in range(0, len(deck.slides), PER_SHEET):
+            part = deck.slides[start:start + PER_SHEET]
+            sheets.append(f'<div class="sheet" data-chapter="{deck.number}">' + "".join(
+                _slide_html(deck, start + k, s) for k, s in enumerate(part)) + "</div>")
+    return _page("tokenflow handout", lang, "handout", "\n".join(sheets), css, handout=True)
+
+
+def index_html(decks: list[Deck], lang: str, css: str) -> str:
+    """A list of the decks and the handout."""
+    items = "".join(f'<li><a href="{d.number}.html">{d.title}</a> ({len(d.slides)})</li>'
+                    for d in decks)
+    body = (f'<section class="slide" data-kind="index"><h2>tokenflow</h2><div class="body">'
+            f'<ul class="decks">{items}</ul><p><a href="handout.html">handout.html</a> (A4)</p>'
+            f"</div></section>")
+    return _page("tokenflow slides", lang, "index", body, css)
+
+
+def _all_text(decks: list[Deck]) -> str:
+    text = "".join(d.title + "".join(s.title + s.body for s in d.slides) for d in decks)
+    return re.sub(r"data:[^\"')]+", "", text)
+
+
+def build(root: Path = ROOT, out: Path | None = None, lang: str = "en") -> list[Path]:
+    """Write the decks, the handout and the index of edition ``lang`` (``en`` or ``zh_CN``)
+    into ``out`` (default: where the book puts them); return the paths written.
+
+    Raises:
+        ValueError: for an unknown ``lang`` or a notebook :func:`chapter_deck` refuses.
+    """
+    if lang not in EDITIONS:
+        raise ValueError(f"lang must be one of {sorted(EDITIONS)}, got {lang!r}")
+    folder, tag = EDITIONS[lang]
+    out = out or root / "_build" / "html" / folder / "slides"
+    decks = [chapter_deck(nb, root, lang) for nb in chapters(root)]
+    css = font_css(_all_text(decks))
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    written = []
+    for deck in decks:
+        written.append(out / f"{deck.number}.html")
+        written[-1].write_text(deck_html(deck, tag, css), encoding="utf-8")
+    for name, text in (("handout.html", handout_html(decks, tag, css)),
+                       ("index.html", index_html(decks, tag, css))):
+        written.append(out / name)
+        written[-1].write_text(text, encoding="utf-8")
+    return written
+
+
+# --- printing the handout --------------------------------------------------------------------
+def print_handout(page, html_path: Path, pdf_path: Path | None) -> dict:
+    """Lay out ``html_path`` (a handout.html) in print media at the printable width of A4 with
+    the Playwright ``page`` (Chromium) and print it to ``pdf_path`` (None: no PDF). Returns
+    ``{"pages": PDF pages or None, "sheets": {chapter: sheets}}``; the page stays open, in
+    print media."""
+    page.emulate_media(media="print")
+    page.set_viewport_size({"width": A4_PRINT_WIDTH, "height": A4_PRINT_HEIGHT})
+    page.goto(html_path.resolve().as_uri(), wait_until="load")
+    page.wait_for_function("() => document.documentElement.dataset.fitted === 'yes'")
+    sheets = page.evaluate("""() => { const n = {};
+        for (const s of document.querySelectorAll('.sheet')) n[s.dataset.chapter] = (n[s.dataset.chapter] || 0) + 1;
+        return n; }""")
+    if pdf_path is None:
+        return {"pages": None, "sheets": sheets}
+    pdf = page.pdf(prefer_css_page_size=True, print_background=True)
+    pdf_path.parent.mkdir(parents=True, exist_ok=True)
+    pdf_path.write_bytes(pdf)
+    return {"pages": pdf_page_count(pdf), "sheets": sheets}
+
+
+def pdf_page_count(pdf: bytes) -> int:
+    """Pages of a PDF that Chromium wrote (its ``/Type /Page`` objects)."""
+    return len(re.findall(rb"/Type\s*/Page[^s]", pdf))
+
+
+def _chromium() -> str | None:
+    """$TOKENFLOW_CHROMIUM, else ``chromium`` on PATH (as tests/conftest.py ``find_chromium``);
+    None: Playwright's own build."""
+    if os.environ.get("TOKENFLOW_CHROMIUM"):
+        return os.environ["TOKENFLOW_CHROMIUM"]
+    return shutil.which("chromium") or (
+        "/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else None)
+
+
+def handout(root: Path = ROOT, out: Path | None = None) -> list[Path]:
+    """Print every built edition's ``slides/handout.html`` to ``out`` (default _build/handout/):
+    ``tokenflow-handout.pdf``, ``tokenflow-handout-zh.pdf``. Raises FileNotFoundError when no
+    edition is built (``make book``)."""
+    from playwright.sync_api import sync_playwright
+    out = out or root / "_build" / "handout"
+    jobs = [(root / "_build" / "html" / folder / "slides" / "handout.html",
+             out / f"tokenflow-handout{'-' + folder if folder else ''}.pdf")
+            for folder, _ in EDITIONS.values()]
+    jobs = [(h, p) for h, p in jobs if h.is_file()]
+    if not jobs:
+        raise FileNotFoundError(f"no {root / '_build/html/slides/handout.html'}: run `make book` first")
+    written = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        page = browser.new_page()
+        for html_path, pdf_path in jobs:
+            start = time.perf_counter()
+            r = print_handout(page, html_path, pdf_path)
+            print(f"{pdf_path}: {r['pages']} A4 pages ({time.perf_counter() - start:.1f} s)")
+            written.append(pdf_path)
+        browser.close()
+    return written
+
+
+# --- Sphinx extension ------------------------------------------------------------------------
+def _build_finished(app, exception) -> None:
+    if exception or app.builder.name != "html":
+        return
+    start = time.perf_counter()
+    lang = app.config.language or "en"
+    written = build(Path(app.srcdir), Path(app.outdir) / "slides", lang)
+    print(f"slides ({lang}): {len(written)} files in {Path(app.outdir) / 'slides'} "
+          f"({time.perf_counter() - start:.1f} s)")
+
+
+def setup(app):
+    app.connect("build-finished", _build_finished)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["build", "handout"])
+    parser.add_argument("--lang", default="en", choices=sorted(EDITIONS), help="build: the edition")
+    parser.add_argument("--out", type=Path, help="build: folder for the decks; handout: for the PDFs")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            for path in build(ROOT, args.out, args.lang):
+                print(path)
+        else:
+            handout(ROOT, args.out)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"slides {args.command}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""The teaching kit [W1]: a slide deck per chapter and an A4 handout, built with the book
+(scripts/slides.py runs as a Sphinx extension in both editions' builds), read in headless
+Chromium (conftest.py ``browser``, one tab for every deck).
+
+Every deck of both editions, opened from its file with nothing else reachable: at least 4
+slides; each slide, reached with the arrow key, keeps every element inside its box (the deck
+sets text smaller to fit, never below 60 %); every figure loaded; the numbers on its "What you
+can now say" slides are the ones the notebook stored in that section (read here from the
+.ipynb); its Chinese characters are drawn with the book's web font, which has a glyph for each.
+The handout prints on A4: one PDF page per sheet of two slides, 2 to 4 pages a chapter, and
+nothing wider than the printable width or cut by its box (tests/test_browser.py's print check).
+"""
+from __future__ import annotations
+
+import base64
+import importlib.util
+import io
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_browser import A4_WIDTH_PX, PRINT_JS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str):
+    """Import scripts/<name>.py as a module (registered: its dataclasses need that)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    sys.modules[name] = mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+slides = _script("slides")
+
+CHAPTERS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NUMBERS_HEADINGS = ("What you can now say with numbers", "In a few sentences")
+NUMBER = re.compile(r"\d+(?:[.,]\d+)*(?:e-?\d+)?")
+CJK = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\ufe30-\ufe4f\uff00-\uffef]")
+MIN_SLIDES = 4
+PAGES_PER_CHAPTER = (2, 4)      # A4 pages of a chapter on the handout (3 to 8 slides)
+
+
+def notebook_numbers(chapter: str) -> list[str]:
+    """The numbers the notebook prints in its "What you can now say with numbers" (or "In a
+    few sentences") section, in order: the stdout of its code cells, except those nbval does
+    not compare (timings of this machine)."""
+    cells = json.loads((ROOT / "notebooks" / f"{chapter}.ipynb").read_text(encoding="utf-8"))["cells"]
+    inside, text = False, ""
+    for cell in cells:
+        src = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            heads = [line.lstrip("#").strip() for line in src.splitlines() if line.startswith("## ")]
+            inside = heads[-1] in NUMBERS_HEADINGS if heads else inside
+        elif inside and "nbval-ignore-output" not in cell["metadata"].get("tags", []):
+            text += "".join("".join(o["text"]) for o in cell.get("outputs", [])
+                            if o["output_type"] == "stream")
+    return NUMBER.findall(text)
+
+
+def font_gaps(deck_html: str) -> str:
+    """The CJK characters of a deck's text that its inline font has no glyph for."""
+    from fontTools.ttLib import TTFont
+    m = re.search(r"url\(data:font/woff2;base64,([A-Za-z0-9+/=]+)\)", deck_html)
+    text = re.sub(r"data:[^\"')]+", "", re.sub(r"<style>.*?</style>|<script>.*?</script>", "",
+                                                deck_html, flags=re.DOTALL))
+    chars = set(CJK.findall(re.sub(r"<[^>]+>", "", text)))
+    if not m:
+        return "".join(sorted(chars))
+    cmap = TTFont(io.BytesIO(base64.b64decode(m.group(1))))["cmap"].getBestCmap()
+    return "".join(sorted(c for c in chars if ord(c) not in cmap))
+
+
+# Each slide shown in turn (the deck's own show()): every element inside the slide's box, and
+# the slide's fitting factor.
+SLIDES_JS = """() => [...document.querySelectorAll('.slide')].map((s, k) => {
+  window.tokenflowDeck.show(k);
+  const r = s.getBoundingClientRect();
+  const out = [...s.querySelectorAll('*')].filter(e => {
+    const q = e.getBoundingClientRect();
+    return q.left < r.left - 1 || q.right > r.right + 1 || q.top < r.top - 1 || q.bottom > r.bottom + 1;
+  }).map(e => `${e.tagName.toLowerCase()}.${e.className}: ${(e.innerText || '').slice(0, 40)}`);
+  return {shown: s.checkVisibility(), kind: s.dataset.kind, out: out.slice(0, 5),
+          k: parseFloat(s.style.getPropertyValue('--k') || '1'),
+          scroll: s.scrollHeight > s.clientHeight + 1 || s.scrollWidth > s.clientWidth + 1};
+})"""
+DECK_JS = """() => ({
+  count: window.tokenflowDeck.count,
+  images: [...document.images].map(i => i.complete && i.naturalWidth > 0),
+  numbers: [...document.querySelectorAll('.slide[data-kind="numbers"] .body > *')]
+      .map(p => p.textContent).join('\\n'),
+  title: document.querySelector('.slide h1').textContent,
+})"""
+
+
+@pytest.fixture(scope="module")
+def page(browser):
+    """One tab at 1280 x 720 (a slide's own size) that records every request that is not for
+    a file: or data: URL (the browser cannot reach a network anyway, conftest.py)."""
+    ctx = browser.new_context(viewport={"width": slides.WIDTH, "height": slides.HEIGHT})
+    p = ctx.new_page()
+    p.requests = []
+    p.on("request", lambda r: r.url.startswith(("file:", "data:")) or p.requests.append(r.url))
+    p.errors = []
+    p.on("pageerror", lambda e: p.errors.append(str(e)))
+    p.on("console", lambda m: m.type == "error" and p.errors.append(m.text))
+    yield p
+    ctx.close()
+
+
+def check_deck(page, path: Path, chapter: str) -> tuple[list[str], dict]:
+    """The problems of one deck, and what it shows (DECK_JS)."""
+    html_text = path.read_text(encoding="utf-8")
+    problems = [f"refers to {u}" for u in re.findall(r"(?:https?:)?//[\w.-]+\.\w+", html_text)]
+    gaps = font_gaps(html_text)
+    if gaps:
+        problems.append(f"no glyph in the deck's font for {gaps!r}")
+    page.requests.clear()
+    page.errors.clear()
+    page.goto(path.as_uri() + "#1", wait_until="load")
+    page.wait_for_function("() => window.tokenflowDeck !== undefined")
+    page.evaluate("() => document.fonts.ready.then(() => null)")
+    deck = page.evaluate(DECK_JS)
+    if deck["count"] < MIN_SLIDES:
+        problems.append(f"{deck['count']} slides, want >= {MIN_SLIDES}")
+    for k, s in enumerate(page.evaluate(SLIDES_JS)):
+        if not s["shown"]:
+            problems.append(f"slide {k + 1}: not shown")
+        problems += [f"slide {k + 1} ({s['kind']}): sticks out: {o}" for o in s["out"]]
+        if s["scroll"] or s["k"] < 0.6 - 1e-9:
+            problems.append(f"slide {k + 1} ({s['kind']}): overflows (text at {s['k']:.0%})")
+    if not all(deck["images"]) or not deck["images"]:
+        problems.append(f"figures loaded: {deck['images']}")
+    want, got = notebook_numbers(chapter), NUMBER.findall(deck["numbers"])
+    if got != want:
+        problems.append(f"numbers differ from the notebook's:\n  deck     {got}\n  notebook {want}")
+    page.evaluate("() => document.fonts.ready.then(() => null)")   # every slide was shown
+    font = page.evaluate("() => [...document.fonts].filter(f => f.family.replace(/\"/g, '')"
+                         " === 'Tokenflow CJK').map(f => f.status)")
+    if font != ["loaded"]:
+        problems.append(f"web font {font}, want one face, loaded")
+    problems += [f"request {u}" for u in page.requests] + page.errors
+    return problems, deck
+
+
+def test_decks_in_chromium(page, book_html_dir, zh_html_dir):
+    """Both editions' decks (module docstring); the Chinese ones have their titles translated."""
+    start = time.perf_counter()
+    problems, titles, counts = [], {}, {}
+    for edition, folder in (("en", book_html_dir / "slides"), ("zh", zh_html_dir / "slides")):
+        for chapter in CHAPTERS:
+            path = folder / f"{chapter[:2]}.html"
+            if not path.is_file():
+                problems.append(f"{edition} {chapter}: no deck {path}")
+                continue
+            found, deck = check_deck(page, path, chapter)
+            problems += [f"{edition} {chapter}: {p}" for p in found]
+            titles[edition, chapter], counts[edition, chapter] = deck["title"], deck["count"]
+    problems += [f"zh {c}: title not translated: {titles['zh', c]!r}" for c in CHAPTERS
+                 if ("zh", c) in titles and titles["zh", c] == titles.get(("en", c))]
+    print(f"slides per deck: {counts}; {time.perf_counter() - start:.1f} s")
+    assert not problems, "\n".join(problems)
+
+
+def test_deck_keys_and_hash(page, book_html_dir):
+    """#N opens slide N; End, Home and the arrow keys move as they say; printed, a deck shows
+    every slide."""
+    path = book_html_dir / "slides" / "01.html"
+    page.goto(path.as_uri() + "#3", wait_until="load")
+    page.wait_for_function("() => window.tokenflowDeck !== undefined")
+    now = lambda: page.evaluate("() => window.tokenflowDeck.current()")
+    seen = [now()]
+    for key in ("ArrowRight", "End", "ArrowRight", "ArrowLeft", "Home", "ArrowLeft"):
+        page.keyboard.press(key)
+        seen.append(now())
+    n = page.evaluate("() => window.tokenflowDeck.count")
+    assert seen == [2, 3, n - 1, n - 1, n - 2, 0, 0], seen
+    page.emulate_media(media="print")
+    shown = page.evaluate("() => [...document.querySelectorAll('.slide')].filter("
+                          "s => s.checkVisibility()).length")
+    page.emulate_media(media="screen")
+    assert shown == n
+
+
+def test_handout_prints_on_a4(page, book_html_dir, zh_html_dir):
+    """The English handout.html printed to an A4 PDF in _build/handout/ (as `make handout`): one
+    page per sheet, 2 to 4 pages per chapter, every chapter there. Both editions in print
+    media: every sheet fits the printable height (so none spills onto a second page), every
+    slide fits, nothing is wider than the printable width or cut."""
+    assert slides.A4_PRINT_WIDTH == A4_WIDTH_PX
+    problems, report = [], {}
+    for edition, folder in (("zh", zh_html_dir / "slides"), ("en", book_html_dir / "slides")):
+        if edition == "en":     # printing costs seconds: one edition, the checks below both
+            pdf = ROOT / "_build" / "handout" / "tokenflow-handout.pdf"
+            r = slides.print_handout(page, folder / "handout.html", pdf)
+            if not pdf.read_bytes().startswith(b"%PDF") or r["pages"] != sum(r["sheets"].values()):
+                problems.append(f"{edition}: {r['pages']} PDF pages for {r['sheets']} sheets")
+        else:
+            r = slides.print_handout(page, folder / "handout.html", None)
+        report[edition] = r["sheets"]
+        if sorted(r["sheets"]) != [c[:2] for c in CHAPTERS]:
+            problems.append(f"{edition}: chapters on the handout {sorted(r['sheets'])}")
+        lo, hi = PAGES_PER_CHAPTER
+        problems += [f"{edition} chapter {c}: {n} pages, want {lo} to {hi}"
+                     for c, n in r["sheets"].items() if not lo <= n <= hi]
+        printed = page.evaluate(f"(W) => ({PRINT_JS})(W, '.handout')", A4_WIDTH_PX)
+        problems += [f"{edition}: {p}" for p in printed["problems"]]
+        fit = page.evaluate("""(H) => [...document.querySelectorAll('.slide')].filter(s => {
+            const r = s.getBoundingClientRect();
+            return [...s.querySelectorAll('*')].some(e => { const q = e.getBoundingClientRect();
+              return q.right > r.right + 1 || q.bottom > r.bottom + 1; }); }).map(s => s.id).concat(
+            [...document.querySelectorAll('.sheet')].filter(s => s.getBoundingClientRect().height > H)
+              .map(s => 'sheet of chapter ' + s.dataset.chapter + ' taller than the page'))""",
+                            slides.A4_PRINT_HEIGHT)
+        problems += [f"{edition}: does not fit: {i}" for i in fit]
+    page.emulate_media(media="screen")
+    page.set_viewport_size({"width": slides.WIDTH, "height": slides.HEIGHT})
+    print("handout: A4 pages per chapter", report)
+    assert not problems, "\n".join(problems)
+
+
+def test_deck_content_comes_from_the_notebook(tmp_path):
+    """Without a browser: a tagged figure cell gives a figure slide with the book's caption
+    and the heading above it, printed items are packed onto as many slides as they need, in
+    order, the Chinese edition takes its prose from the catalog, and a tagged cell without
+    outputs is refused."""
+    png = base64.b64encode(b"\x89PNG fake").decode()
+    nb = {"cells": [
+        {"cell_type": "markdown", "metadata": {}, "source": "# Chapter 9: x\n\n**The question.** Why?"},
+        {"cell_type": "markdown", "metadata": {}, "source": "## A heading"},
+        {"cell_type": "code", "metadata": {"tags": ["slide"]}, "source": "",
+         "outputs": [{"output_type": "display_data", "data": {"image/png": png}}]},
+        {"cell_type": "markdown", "metadata": {}, "source": "*The caption.*\n\nMore prose."},
+        {"cell_type": "code", "metadata": {"tags": ["slide"]}, "source": "",
+         "outputs": [{"output_type": "stream", "name": "stdout",
+                      "text": "".join(f"{i}. item {i} " + "word " * 60 + "\n" for i in range(1, 5))}]},
+    ]}
+    path = tmp_path / "notebooks" / "99_x.ipynb"
+    path.parent.mkdir()
+    path.write_text(json.dumps(nb), encoding="utf-8")
+    po = tmp_path / "locale" / "zh_CN" / "LC_MESSAGES" / "notebooks"
+    po.mkdir(parents=True)
+    (po / "99_x.po").write_text('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=utf-8\\n"\n\n'
+                                'msgid "A heading"\nmsgstr "一个标题"\n', encoding="utf-8")
+    deck = slides.chapter_deck(path, tmp_path)
+    kinds = [s.kind for s in deck.slides]
+    assert kinds[:2] == ["title", "figure"] and len(kinds) >= 4, kinds
+    assert set(kinds[2:]) == {"numbers"}, kinds      # four long items need more than one slide
+    shown = "".join(s.body for s in deck.slides[2:])
+    at = [shown.index(f"item {i} ") for i in range(1, 5)]
+    assert at == sorted(at)
+    assert "Why?" in deck.slides[0].body and deck.slides[1].title == "A heading"
+    assert "<figcaption><em>The caption.</em></figcaption>" in deck.slides[1].body
+    zh = slides.chapter_deck(path, tmp_path, "zh_CN")
+    assert zh.slides[1].title == "一个标题" and zh.slides[2].title.startswith("一个标题")
+    nb["cells"][2]["outputs"] = []
+    path.write_text(json.dumps(nb), encoding="utf-8")
+    with pytest.raises(ValueError, match="tagged 'slide'"):
+        slides.chapter_deck(path, tmp_path)
