@@ -1134,3 +1134,44 @@ def test_mixed_workload_context_spans_zero_to_five_lines(monkeypatch):
     prompts, _, _ = workload.mixed_workload(Chars(), 300, seed=0, max_len=4096)
     counts = {"".join(map(chr, p)).count(" ") for p in prompts}
     assert counts == set(range(6))
+
+
+@pytest.mark.parametrize("batch_size, S", [(1, 1), (3, 1), (2, 2)])
+def test_paged_begin_step_rejects_another_shape_than_prepared(batch_size, S):
+    """``PagedKVCache.begin_step`` raises the documented ValueError when the forward's
+    ``[batch_size, S]`` is not the prepared batch's ``[2, 1]`` (a smaller batch must not run
+    on the other rows' slots)."""
+    from tokenflow.model.config import preset
+    from tokenflow.serving.paged_kv_cache import PagedKVCache
+    cache = PagedKVCache(preset("tiny"), num_blocks=8, block_size=4)
+    cache.prepare([[0, 1], [2, 3]], [2, 3], [1, 1])
+    with pytest.raises(ValueError, match=r"\[2, 1\]"):
+        cache.begin_step(None, batch_size=batch_size, S=S)
+
+
+def test_no_request_is_admitted_in_a_step_that_preempted():
+    """The scheduler admits no waiting request in a step that preempted (its docstring): a
+    preempted request goes back to the queue and is not prefilled again in the same step,
+    even when its prefix blocks are still cached. Small random workloads with block_size 1
+    and two token ids make such instant re-admissions possible (seed 112 is one)."""
+    import random
+    from conftest import random_model
+    model = random_model(seed=0)
+    preempting_steps = 0
+    for seed in [112] + list(range(60)):
+        rnd = random.Random(seed)
+        eng = LLMEngine(model, num_blocks=rnd.randint(6, 12), block_size=1,
+                        max_num_seqs=rnd.randint(2, 4), max_num_batched_tokens=rnd.randint(3, 8))
+        n = rnd.randint(3, 6)
+        prompts = [[rnd.choice([5, 6]) for _ in range(rnd.randint(1, 5))] for _ in range(n)]
+        params = [SamplingParams(max_new_tokens=rnd.randint(1, 5), ignore_eos=True)
+                  for _ in range(n)]
+        run_with_arrivals(eng, prompts, params, sorted(rnd.randint(0, 6) for _ in range(n)))
+        running = set()
+        for s in eng.steps:
+            ids = [r for r, _ in s.prefill] + list(s.decode)
+            if s.preempted:
+                preempting_steps += 1
+                assert set(ids) <= running - set(s.preempted), (seed, s)
+            running = (running | set(ids)) - set(s.preempted)
+    assert preempting_steps >= 10
