@@ -291,3 +291,12 @@ def test_h800_links_cite_the_v3_report_without_a_hedge():
     assert (h800.scale_up_bandwidth, h800.scale_out_bandwidth) == (160e9, 50e9)
     assert "3.2.2" in h800.source and "160 GB/s" in h800.source and "50 GB/s" in h800.source
     assert not any(w in h800.source for w in ("remembered", "re-read", "from memory"))
+
+
+def test_service_source_quotes_the_average_output_speed():
+    """Item 4: the day-6 note gives 20-22 tokens/s as the average output speed, not a
+    latency target."""
+    from tokenflow.analysis.roofline import DEEPSEEK_V3_SERVICE
+    src = DEEPSEEK_V3_SERVICE["source"]
+    assert "average output speed was 20-22 tokens per second" in src
+    assert DEEPSEEK_V3_SERVICE["output_tok_s_per_request"] == (20, 22)

@@ -344,8 +344,9 @@ def lm_head_flops(config: ModelConfig, tokens: int = 1) -> int:
 
 
 def reference_models() -> dict:
-    """The published configs bundled in ``src/tokenflow/data/models.json`` (each entry names
-    its sources and marks what is unverified)."""
+    """The real-model configs bundled in ``src/tokenflow/data/models.json`` (each entry names
+    its sources and marks what is unverified; :func:`reference_value_unverified` reads those
+    marks per value)."""
     import json
     from importlib import resources
     return json.loads((resources.files("tokenflow") / "data" / "models.json")

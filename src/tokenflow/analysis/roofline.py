@@ -368,7 +368,8 @@ DEEPSEEK_V3_SERVICE = dict(
            "Open Source Week (2025): 24 hours of the online service (Feb 27-28, 2025). Per "
            "H800 node ~73.7k input tokens/s in prefill (including on-disk cache hits) or "
            "~14.8k output tokens/s in decode; 608B input tokens of which 342B (56.3%) hit the "
-           "on-disk KV cache; 168B output tokens; 20-22 output tokens/s per request; average "
+           "on-disk KV cache; 168B output tokens; 'The average output speed was 20-22 tokens "
+           "per second' (no latency target is given); average "
            "KV length per output token 4,989; peak 278 nodes, average 226.75 nodes.")
 """The figures DeepSeek published for its V3/R1 service (``source`` says where from)."""
 
