@@ -419,3 +419,25 @@ def test_mqa_and_sliding_layers_keep_the_floor():
     # MLA's latent is replicated on every device whatever tp
     v3 = reference_config("DeepSeek-V3")
     assert kv_cache_bytes(v3, 1, 100, tp_size=8) == kv_cache_bytes(v3, 1, 100)
+
+
+# ---- issue C1r item 5: a value flagged UNVERIFIED is never labelled published ----------------
+def test_every_flagged_value_of_models_json_is_reported_unverified():
+    """Over every field of every bundled config: flagged when the entry's sources or the value
+    itself say UNVERIFIED (GPT-3's vocab_size is the value-level kind an entry-level check
+    misses), and only then."""
+    from tokenflow.analysis.costmodel import reference_value_unverified
+    models = reference_models()
+    for name, entry in models.items():
+        whole = "UNVERIFIED" in " ".join(entry["config_source"])
+        for field, value in entry["config"].items():
+            assert reference_value_unverified(name, field) == (
+                whole or "UNVERIFIED" in str(value)), (name, field)
+    assert reference_value_unverified("GPT-3-175B", "vocab_size")
+    assert not reference_value_unverified("GPT-3-175B", "hidden_size")
+    assert reference_value_unverified("DeepSeek-V4-Pro", "n_routed_experts")
+    assert not reference_value_unverified("DeepSeek-V3", "n_routed_experts")
+    with pytest.raises(ValueError, match="name"):
+        reference_value_unverified("GPT-5", "vocab_size")
+    with pytest.raises(ValueError, match="field"):
+        reference_value_unverified("GPT-3-175B", "n_routed_experts")

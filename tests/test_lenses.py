@@ -197,3 +197,20 @@ def test_cross_tab_nests_the_block_lens_in_the_pipeline_stages(profiled):
         assert all(v == 0 for k, v in tab[st].items() if k != "other")
     assert all(v >= -1e-9 for row in tab.values() for v in row.values())
     assert prof.cross_tab("decode")["prefill"]["attention"] == 0
+
+
+def test_roofline_summary_charges_attention_at_bf16_like_chapter_7s_table():
+    """Issue C1r item 2: the summary behind chapter 7's bar chart defaults to DeepSeek's
+    service (matmuls FP8, attention core BF16), so its times are the table's, and its title
+    says so."""
+    from tokenflow.analysis.costmodel import reference_config
+    from tokenflow.analysis.roofline import hardware, roofline
+    from tokenflow.viz import roofline_summary, roofline_table
+    ds = reference_config("DeepSeek-V3")
+    s = roofline_summary(ds, "H800", "decode", 88, 4989, ep_size=128)
+    r = roofline(ds, hardware("H800"), "decode", 88, 4989, ep_size=128, dtype="fp8",
+                 attention_dtype="bf16", bytes_per_param=1, kv_bytes_per_element=2,
+                 max_nodes_per_token=4, dispatch_bytes_per_element=1,
+                 combine_bytes_per_element=2)
+    assert s["compute_s"] == pytest.approx(r["compute_s"], rel=1e-12)
+    assert s["attention_dtype"] == "bf16" and "attention bf16" in roofline_table(s).title

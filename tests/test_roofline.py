@@ -237,3 +237,66 @@ def test_roofline_memory_keeps_one_kv_head_per_device(nkv, tp):
     assert grow == pytest.approx(B * 10 * heads * per_head, rel=1e-9)
     assert forward_bytes(cfg, 1, ctx + 9, B, tp_size=tp) - forward_bytes(
         cfg, 1, ctx - 1, B, tp_size=tp) == pytest.approx(B * 10 * heads * per_head, rel=1e-9)
+
+
+# ---- issue C1r item 2: the attention core runs in BF16, the other matmuls in FP8 -------------
+def _deepseek_step(phase):
+    """Chapter 7's two DeepSeek-V3 steps on one H800: decode of 88 sequences at context 4,989
+    on EP128, prefill of one 4,989-token prompt on EP32, as the day-6 note runs them."""
+    ds = reference_config("DeepSeek-V3")
+    batch, ep = (88, 128) if phase == "decode" else (1, 32)
+    return ds, batch, roofline(ds, hardware("H800"), phase, batch, 4989, ep_size=ep,
+                               dtype="fp8", attention_dtype="bf16", bytes_per_param=1,
+                               kv_bytes_per_element=2, max_nodes_per_token=4,
+                               dispatch_bytes_per_element=1, combine_bytes_per_element=2)
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_deepseek_compute_charges_attention_at_bf16_and_the_rest_at_fp8(phase):
+    """DeepSeek's day-6 note: "matrix multiplications [...] FP8", "core MLA computations
+    [...] BF16" (FlashMLA's dense decode kernel is BF16). So the compute time is the attention
+    core's FLOPs at the H800's BF16 peak plus every other part's at its FP8 peak, summed here
+    from forward_flops' parts, not from the roofline's own total."""
+    ds, batch, r = _deepseek_step(phase)
+    f = forward_flops(ds, 1, 1, 4988) if phase == "decode" else \
+        forward_flops(ds, 1, 4989, 0, logits="last")
+    attn = batch * f["attention_scores"]
+    rest = batch * sum(f[k] for k in ("attention_proj", "dense_ffn", "routed_experts",
+                                      "shared_experts", "router", "lm_head"))
+    assert r["attention_flops"] == pytest.approx(attn, rel=1e-12)
+    assert r["compute_s"] == pytest.approx(attn / 989e12 + rest / 1979e12, rel=1e-12)
+    # charged all at FP8 (the old model), the compute time would be far shorter
+    all_fp8 = (attn + rest) / 1979e12
+    assert r["compute_s"] > 1.2 * all_fp8
+    # chapter 7's figures: compute 10.8 ms (decode) and 305.8 ms (prefill); the bounds stay
+    assert round(r["compute_s"] * 1e3, 1) == {"decode": 10.8, "prefill": 305.8}[phase]
+    assert r["bound"] == {"decode": "memory", "prefill": "comm"}[phase]
+
+
+def test_attention_dtype_none_charges_everything_at_dtype_and_is_checked():
+    ds, h800 = reference_config("DeepSeek-V3"), hardware("H800")
+    r = roofline(ds, h800, "decode", 8, 1024, ep_size=64, dtype="fp8")
+    assert r["compute_s"] == pytest.approx(r["flops"] / h800.peak_flops["fp8"], rel=1e-12)
+    same = roofline(ds, h800, "decode", 8, 1024, ep_size=64, dtype="fp8",
+                    attention_dtype="fp8")
+    assert same["compute_s"] == pytest.approx(r["compute_s"], rel=1e-12)
+    with pytest.raises(ValueError, match="attention_dtype"):
+        roofline(ds, h800, "decode", 8, 1024, ep_size=64, attention_dtype="int3")
+
+
+def test_h800_links_cite_the_v3_report_without_a_hedge():
+    """Item 3: the V3 report's section 3.2.2 gives NVLink 160 GB/s and IB 50 GB/s; the
+    preset cites it as read, not 'as remembered'."""
+    h800 = HARDWARE["H800"]
+    assert (h800.scale_up_bandwidth, h800.scale_out_bandwidth) == (160e9, 50e9)
+    assert "3.2.2" in h800.source and "160 GB/s" in h800.source and "50 GB/s" in h800.source
+    assert not any(w in h800.source for w in ("remembered", "re-read", "from memory"))
+
+
+def test_service_source_quotes_the_average_output_speed():
+    """Item 4: the day-6 note gives 20-22 tokens/s as the average output speed, not a
+    latency target."""
+    from tokenflow.analysis.roofline import DEEPSEEK_V3_SERVICE
+    src = DEEPSEEK_V3_SERVICE["source"]
+    assert "average output speed was 20-22 tokens per second" in src
+    assert DEEPSEEK_V3_SERVICE["output_tok_s_per_request"] == (20, 22)

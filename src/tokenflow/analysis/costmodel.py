@@ -16,7 +16,8 @@ from tokenflow.model.config import ModelConfig
 __all__ = ["param_breakdown", "active_param_breakdown", "param_count", "active_param_count",
            "kv_cache_bytes_per_token", "kv_cache_bytes", "mla_kv_cache_bytes_per_token",
            "mla_decode_attention_costs", "weight_bytes_per_device", "max_batch_size",
-           "lm_head_flops", "BYTES", "reference_models", "reference_config"]
+           "lm_head_flops", "BYTES", "reference_models", "reference_config",
+           "reference_value_unverified"]
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 """Bytes per element of common dtypes."""
@@ -343,12 +344,34 @@ def lm_head_flops(config: ModelConfig, tokens: int = 1) -> int:
 
 
 def reference_models() -> dict:
-    """The published configs bundled in ``src/tokenflow/data/models.json`` (each entry names
-    its sources and marks what is unverified)."""
+    """The real-model configs bundled in ``src/tokenflow/data/models.json`` (each entry names
+    its sources and marks what is unverified; :func:`reference_value_unverified` reads those
+    marks per value)."""
     import json
     from importlib import resources
     return json.loads((resources.files("tokenflow") / "data" / "models.json")
                       .read_text(encoding="utf-8"))["models"]
+
+
+def reference_value_unverified(name: str, field: str) -> bool:
+    """Whether ``models.json`` flags one value of a bundled config as UNVERIFIED, in either of
+    the two ways it does: for the whole entry (its ``config_source`` says so, e.g.
+    DeepSeek-V4-Pro, known only from third-party copies), or for the value itself (an
+    annotated value such as GPT-3's ``vocab_size``, ``"50257 (GPT-2 BPE; UNVERIFIED
+    in-session)"``). A table that says where each value comes from must ask per value: the
+    entry's sources alone miss the second kind.
+
+    Raises:
+        ValueError: ``name`` is not bundled, or ``field`` is not in its config.
+    """
+    models = reference_models()
+    if name not in models:
+        raise ValueError(f"name must be one of {sorted(models)}, got {name!r}")
+    config = models[name]["config"]
+    if field not in config:
+        raise ValueError(f"field must be one of {sorted(config)} for {name}, got {field!r}")
+    return any("UNVERIFIED" in str(text).upper()
+               for text in (" ".join(models[name]["config_source"]), config[field]))
 
 
 def reference_config(name: str) -> ModelConfig:

@@ -8,6 +8,9 @@ left out. Checked against ``torch.utils.flop_counter`` on the shared model.
 
 Time (:func:`roofline`): one step on one device takes ``max(compute, memory, communication)``
 (perfect overlap; ``serial_s`` adds them instead), each at the peak of :class:`HardwareSpec`;
+compute charges the attention core at its own dtype's peak and every other matrix multiply at
+the weights' (DeepSeek's service: matrix multiplications in FP8, core MLA in BF16, day-6 note
+of its open-infra-index; FlashMLA's dense decoding kernel is BF16, FlashMLA README);
 communication over NVLink and InfiniBand overlaps too (DeepSeek-V3 report, arXiv:2412.19437,
 section 3.2.2: the IB and NVLink transfers of the all-to-all are fully overlapped), so it
 takes the longer of the two.
@@ -68,8 +71,9 @@ HARDWARE = {
         "H800 SXM", _HOPPER_FLOPS, 80e9, 3.35e12, 160e9, 50e9, 8,
         "Compute and HBM as H100 SXM (export variant with reduced NVLink; UNVERIFIED "
         "against an NVIDIA datasheet in this session). Links: DeepSeek-V3 report "
-        "arXiv:2412.19437 section 3.2.2, 'NVLink 160 GB/s', 'IB 50 GB/s' (achievable "
-        "bandwidths of their H800 cluster; quoted from memory, not re-read)."),
+        "arXiv:2412.19437 section 3.2.2, on DeepSeek's H800 cluster: 'NVLink offers a "
+        "bandwidth of 160 GB/s, roughly 3.2 times that of IB (50 GB/s)' (text checked "
+        "against the report's arXiv v2 HTML)."),
 }
 """Hardware presets (:func:`hardware`); each ``source`` says where its numbers come from."""
 
@@ -217,11 +221,18 @@ def flops_per_token(config: ModelConfig, context_len: int, phase: str = "decode"
     Raises:
         ValueError: ``phase`` not ``"decode"``/``"prefill"``, ``context_len < 1``.
     """
+    per_seq = 1 if phase == "decode" else context_len
+    return _sequence_flops(config, context_len, phase)["total"] / per_seq
+
+
+def _sequence_flops(config: ModelConfig, context_len: int, phase: str) -> dict:
+    """:func:`forward_flops` of one sequence's step: a decode step after ``context_len - 1``
+    cached tokens, or a ``context_len`` prefill with the LM head on its last position."""
     _check_count("context_len", context_len, 1)
     if phase == "decode":
-        return forward_flops(config, 1, 1, context_len - 1)["total"]
+        return forward_flops(config, 1, 1, context_len - 1)
     if phase == "prefill":
-        return forward_flops(config, 1, context_len, 0, "last")["total"] / context_len
+        return forward_flops(config, 1, context_len, 0, "last")
     raise ValueError(f"phase must be 'decode' or 'prefill', got {phase!r}")
 
 
@@ -249,7 +260,8 @@ def roofline(config: ModelConfig, hw: HardwareSpec, phase: str, batch: int, cont
              bytes_per_param: float = 2, kv_bytes_per_element: float = 2,
              max_nodes_per_token: int | None = None,
              dispatch_bytes_per_element: float | None = None,
-             combine_bytes_per_element: float = 2) -> dict:
+             combine_bytes_per_element: float = 2,
+             attention_dtype: str | None = None) -> dict:
     """Roofline time of one step on one device, and its tokens/s.
 
     ``batch`` sequences run on this device's tensor-parallel group (each of the
@@ -257,7 +269,15 @@ def roofline(config: ModelConfig, hw: HardwareSpec, phase: str, batch: int, cont
     each sequence adds one token after ``context_len - 1``; ``"prefill"``: each processes a
     ``context_len`` prompt.
 
-    * compute: ``tokens * flops_per_token / tp_size / peak_flops[dtype]``.
+    * compute: the step's :func:`forward_flops` (``batch`` times one sequence's, over
+      ``tp_size``) at the peak of the dtype each part runs in: the attention core
+      (``attention_scores``: ``q.k`` and weights @ V over the context) at
+      ``peak_flops[attention_dtype]``, everything else (projections, FFN and experts, router,
+      LM head) at ``peak_flops[dtype]``; ``attention_dtype=None`` charges all at ``dtype``.
+      DeepSeek's V3/R1 service runs "matrix multiplications [...] in FP8" and "core MLA
+      computations [...] in BF16" (DeepSeek-V3/R1 Inference System Overview, open-infra-index,
+      day 6, 2025), and FlashMLA's dense MLA decoding kernel takes a BF16 KV cache (FlashMLA
+      README, support matrix), so its roofline is ``dtype="fp8", attention_dtype="bf16"``.
     * memory: :func:`~tokenflow.analysis.costmodel.forward_bytes` of the step on this device (its
       share of the weights, only the experts the step's tokens touch, the embedding rows
       looked up; the KV cache of the batch: decode reads ``context_len - 1`` slots per
@@ -274,22 +294,29 @@ def roofline(config: ModelConfig, hw: HardwareSpec, phase: str, batch: int, cont
       out / scale_out_bandwidth)``.
 
     Returns:
-        dict: ``flops``, ``memory_bytes``, ``scale_up_bytes``, ``scale_out_bytes``,
-        ``compute_s``, ``memory_s``, ``comm_s`` (the longer link), ``scale_up_s``,
+        dict: ``flops``, ``attention_flops`` (the part charged at ``attention_dtype``),
+        ``memory_bytes``, ``scale_up_bytes``, ``scale_out_bytes``, ``compute_s``, ``memory_s``, ``comm_s`` (the longer link), ``scale_up_s``,
         ``scale_out_s``, ``step_s`` (max of compute, memory, comm),
         ``serial_s`` (their sum), ``bound`` (which one is the max), ``tokens_per_s`` (new
         tokens per second on this device).
 
     Raises:
-        ValueError: a bad ``phase``, ``dtype`` not in ``hw.peak_flops``, bad sizes.
+        ValueError: a bad ``phase``, ``dtype`` or ``attention_dtype`` not in
+            ``hw.peak_flops``, bad sizes.
     """
     c = config
     if dtype not in hw.peak_flops:
         raise ValueError(f"dtype must be one of {sorted(hw.peak_flops)}, got {dtype!r}")
+    attention_dtype = dtype if attention_dtype is None else attention_dtype
+    if attention_dtype not in hw.peak_flops:
+        raise ValueError(f"attention_dtype must be one of {sorted(hw.peak_flops)} or None, "
+                         f"got {attention_dtype!r}")
     _check_count("batch", batch, 1)
     per_seq = 1 if phase == "decode" else context_len
     T = batch * per_seq                                         # new tokens on this device
-    flops = T * flops_per_token(c, context_len, phase) / tp_size
+    f = _sequence_flops(c, context_len, phase)
+    flops = batch * f["total"] / tp_size
+    attn = batch * f["attention_scores"] / tp_size
     mem = forward_bytes(c, per_seq, context_len - per_seq, batch, bytes_per_param,
                         kv_bytes_per_element=kv_bytes_per_element, tp_size=tp_size,
                         ep_size=ep_size)
@@ -298,10 +325,11 @@ def roofline(config: ModelConfig, hw: HardwareSpec, phase: str, batch: int, cont
                           combine_bytes_per_element, max_nodes_per_token)
     links = {"scale_up_s": _seconds(up, hw.scale_up_bandwidth),
              "scale_out_s": _seconds(out, hw.scale_out_bandwidth)}
-    times = {"compute_s": flops / hw.peak_flops[dtype], "memory_s": mem / hw.memory_bandwidth,
+    compute = (flops - attn) / hw.peak_flops[dtype] + attn / hw.peak_flops[attention_dtype]
+    times = {"compute_s": compute, "memory_s": mem / hw.memory_bandwidth,
              "comm_s": max(links.values())}
     step = max(times.values())
-    return dict(flops=flops, memory_bytes=mem, scale_up_bytes=up, scale_out_bytes=out,
+    return dict(flops=flops, attention_flops=attn, memory_bytes=mem, scale_up_bytes=up, scale_out_bytes=out,
                 **times, **links, step_s=step, serial_s=sum(times.values()),
                 bound=max(times, key=times.get)[:-2], tokens_per_s=T / step)
 
@@ -340,7 +368,8 @@ DEEPSEEK_V3_SERVICE = dict(
            "Open Source Week (2025): 24 hours of the online service (Feb 27-28, 2025). Per "
            "H800 node ~73.7k input tokens/s in prefill (including on-disk cache hits) or "
            "~14.8k output tokens/s in decode; 608B input tokens of which 342B (56.3%) hit the "
-           "on-disk KV cache; 168B output tokens; 20-22 output tokens/s per request; average "
+           "on-disk KV cache; 168B output tokens; 'The average output speed was 20-22 tokens "
+           "per second' (no latency target is given); average "
            "KV length per output token 4,989; peak 278 nodes, average 226.75 nodes.")
 """The figures DeepSeek published for its V3/R1 service (``source`` says where from)."""
 

@@ -55,11 +55,14 @@ def lens_bars(pipeline: dict, blocks: dict, title: str = ""):
 def roofline_summary(config, hw_name: str = "H800", phase: str = "decode", batch: int = 64,
                      context_len: int = 4096, ep_size: int = 32, dtype: str = "fp8",
                      bytes_per_param: float = 1, kv_bytes_per_element: float = 2,
-                     max_nodes_per_token: int | None = 4) -> dict:
+                     max_nodes_per_token: int | None = 4,
+                     attention_dtype: str | None = "bf16") -> dict:
     """Roofline of one step on one device (:func:`tokenflow.analysis.roofline.roofline`, tensor
     parallel 1 as in DeepSeek's DP attention) for a hardware preset, with the memory the step
     needs: ``weights + KV`` bytes (:mod:`tokenflow.analysis.costmodel`: this device's weights and the
-    batch's KV cache).
+    batch's KV cache). The defaults are DeepSeek's V3/R1 service (day-6 note of its
+    open-infra-index): matrix multiplies at the ``dtype`` (FP8) peak, the attention core at the
+    ``attention_dtype`` (BF16) peak, FP8 weights, BF16 cache, at most 4 nodes per token.
 
     Returns:
         dict: the :func:`~tokenflow.analysis.roofline.roofline` result plus ``hw`` (the
@@ -74,12 +77,18 @@ def roofline_summary(config, hw_name: str = "H800", phase: str = "decode", batch
     from tokenflow.analysis.roofline import hardware, roofline
     hw = hardware(hw_name)
     r = roofline(config, hw, phase, batch, context_len, 1, ep_size, dtype, bytes_per_param,
-                 kv_bytes_per_element, max_nodes_per_token)
+                 kv_bytes_per_element, max_nodes_per_token, attention_dtype=attention_dtype)
     mem = weight_bytes_per_device(config, 1, ep_size, bytes_per_param)["total"] + \
         kv_cache_bytes(config, batch, context_len, kv_bytes_per_element)
     return dict(r, hw=hw, memory_needed=mem, fits=mem <= hw.memory_bytes, config=config,
                 phase=phase, batch=batch, context_len=context_len, ep_size=ep_size,
-                dtype=dtype)
+                dtype=dtype, attention_dtype=attention_dtype or dtype)
+
+
+def _dtypes(r: dict) -> str:
+    """``"fp8"``, or ``"fp8, attention bf16"`` when the attention core runs in another dtype."""
+    a = r.get("attention_dtype", r["dtype"])
+    return r["dtype"] if a == r["dtype"] else f"{r['dtype']}, attention {a}"
 
 
 def roofline_bars(summary: dict):
@@ -101,7 +110,7 @@ def roofline_bars(summary: dict):
 def roofline_panel(config, hw_name: str = "H800", phase: str = "decode", batch: int = 64,
                    context_len: int = 4096, ep_size: int = 32, dtype: str = "fp8",
                    bytes_per_param: float = 1, kv_bytes_per_element: float = 2,
-                   max_nodes_per_token: int | None = 4):
+                   max_nodes_per_token: int | None = 4, attention_dtype: str | None = "bf16"):
     """Print :func:`roofline_summary` (same arguments: the three times, the bound, tokens/s
     per device and the memory the step needs) and draw :func:`roofline_bars`.
 
@@ -109,10 +118,11 @@ def roofline_panel(config, hw_name: str = "H800", phase: str = "decode", batch: 
         ValueError: as :func:`roofline_summary`.
     """
     r = roofline_summary(config, hw_name, phase, batch, context_len, ep_size, dtype,
-                         bytes_per_param, kv_bytes_per_element, max_nodes_per_token)
+                         bytes_per_param, kv_bytes_per_element, max_nodes_per_token,
+                         attention_dtype)
     hw, mem = r["hw"], r["memory_needed"]
     print(f"{config.name} on {hw.name}, {phase}, batch {batch}, context {context_len:,}, "
-          f"EP{ep_size}, {dtype}")
+          f"EP{ep_size}, {_dtypes(r)}")
     print(f"  compute {r['compute_s'] * 1e3:.2f} ms, memory {r['memory_s'] * 1e3:.2f} ms, "
           f"communication {r['comm_s'] * 1e3:.2f} ms -> {r['bound']}-bound")
     print(f"  {r['tokens_per_s']:,.0f} tokens/s per device; weights + KV "
@@ -171,7 +181,7 @@ def roofline_table(summary: dict):
     return Table(rows, ["", "ms per step", ""], align="<><", digits=2,
                  title=f"{r['config'].name} on {r['hw'].name}, {r['phase']}, batch "
                        f"{r['batch']}, context {r['context_len']:,}, EP{r['ep_size']}, "
-                       f"{r['dtype']}")
+                       f"{_dtypes(r)}")
 
 
 def roofline_static(config, hw_names=("H800", "H200"), batch=(1, 8, 64, 256),
