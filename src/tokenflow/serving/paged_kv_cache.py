@@ -286,8 +286,8 @@ class PagedKVCache(CacheStorage):
         ``step.slot_mapping``, then gather every row's ``L`` slots (``step.slots``).
         A :class:`PackedCacheStep`: write the ``T`` new tokens (``new`` are ``[1, heads, T,
         dim]``), return the gathered contexts flat, ``[heads * cu_seqlens_k[-1], dim]``,
-        sequence after sequence, each ``[heads, L_i, dim]`` (cut by
-        :meth:`~tokenflow.model.kv_cache.PackedCacheStep.attend_each`)."""
+        sequence after sequence, each its whole blocks ``[heads, blocks * block_size, dim]``
+        (cut by :meth:`~tokenflow.model.kv_cache.PackedCacheStep.attend_each`)."""
         if isinstance(step, PackedCacheStep):
             return self._update_packed(layer_idx, step, new)
         B, L = step.slots.shape
