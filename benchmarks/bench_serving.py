@@ -203,7 +203,7 @@ def main() -> None:
                                started=started.strftime("%H:%M UTC"), threads=a.threads, pairs=a.pairs, quick=a.quick,
                                load_before=load_before[0], load_after=load_after[0],
                                rows=rows)
-        a.json.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        a.json.write_text(json.dumps(data, indent=1), encoding="utf-8")
 
 
 def _phases_and_batching(model, mixed, a, rows: list) -> None:
