@@ -14,8 +14,9 @@ three times the pairs of the other columns).
 
 Serving table (``bench_serving.py --json``, the key ``serving``): one line per measure, its
 value as the benchmark printed it, the range of its pairs' ratios (paired measures), the
-target and whether this run met it. Under it, the targets met and missed with their values,
-the mixed workload's decode-only steps, and when, where and under what load it ran.
+target and whether this run met it. Under it, how many targets were met and the missed ones
+with their values, the mixed workload's decode-only steps, and when, where and under what
+load it ran.
 """
 from __future__ import annotations
 
