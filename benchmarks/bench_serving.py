@@ -3,11 +3,16 @@
     .venv/bin/python benchmarks/bench_serving.py            # about 4 minutes on one core
     .venv/bin/python benchmarks/bench_serving.py --pairs 5 --no-hf
     .venv/bin/python benchmarks/bench_serving.py --quick --pairs 5   # 4 and 5, mixed only (~1 min)
+    .venv/bin/python benchmarks/bench_serving.py --pairs 5 --json benchmarks/latest.json
 
 Prints each ratio measured in this one run (nothing here is asserted by the tests). Single
 times are the best of the repeats (:mod:`tokenflow.inference.phases`, the timers chapter 05 plots);
 engine comparisons are **paired**: the two sides alternate (A, B, A, B, ...) and the ratio is
 the median over the pairs of B's time / A's time, so background load hits both alike.
+``--json PATH`` stores the run under the key ``"serving"`` of that JSON file (other keys kept;
+``scripts/bench_table.py`` renders it into ``book/benchmarks.md``): the machine, the load
+average before and after, and per measure its value, every pair's ratio, target and whether
+it was met.
 
 1. Decode step time with the KV cache at context 1024 / at context 64 (target <= 2.0):
    :func:`tokenflow.inference.phases.time_decode`, batch 1.
@@ -40,12 +45,16 @@ contexts of 1,024 fit.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import gc
+import json
 import logging
+import os
 import statistics
 import tempfile
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -133,10 +142,10 @@ def serve_hf(hf, prompts, new):
     return seconds, [list(done[i]) for i in ids]
 
 
-def paired(run_a, run_b, pairs: int) -> tuple[float, float, float, list, list]:
+def paired(run_a, run_b, pairs: int) -> tuple[list, float, float, list, list]:
     """Alternate ``run_a()`` and ``run_b()`` (each returns ``(seconds, outputs)``).
 
-    Returns ``(median of b/a, best a seconds, best b seconds, a's outputs, b's outputs)``.
+    Returns ``(b/a of each pair, best a seconds, best b seconds, a's outputs, b's outputs)``.
     """
     ta, tb, ratios = [], [], []
     for _ in range(pairs):
@@ -144,7 +153,18 @@ def paired(run_a, run_b, pairs: int) -> tuple[float, float, float, list, list]:
         ta.append(a)
         tb.append(b)
         ratios.append(b / a)
-    return statistics.median(ratios), min(ta), min(tb), out_a, out_b
+    return ratios, min(ta), min(tb), out_a, out_b
+
+
+def row(what: str, value: float, target: str, met: bool, text: str,
+        ratios: list | None = None, **extra) -> dict:
+    """One measure of the closing table (and of ``--json``): ``value`` (a ratio), ``text``
+    (how the table prints it), ``target`` (as the table prints it) and whether it was
+    ``met``; ``ratios``: the ratio of every pair, when the measure is paired."""
+    r = dict(what=what, value=value, text=text, target=target, met=bool(met), **extra)
+    if ratios is not None:
+        r.update(ratios=ratios, ratio_min=min(ratios), ratio_max=max(ratios))
+    return r
 
 
 def main() -> None:
@@ -155,9 +175,12 @@ def main() -> None:
     p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
     p.add_argument("--quick", action="store_true",
                    help="only the packing and transformers comparisons (4, 5), mixed workload")
+    p.add_argument("--json", type=Path,
+                   help="also store the results under the key 'serving' of this JSON file")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    print(machine(a.threads))
+    started, load_before = dt.datetime.now(dt.timezone.utc), os.getloadavg()
+    print(f"{machine(a.threads)}; load average (1 min) {load_before[0]:.2f}")
     model = with_context_length(load_pretrained()[0], MAX_POS)
     rows = []
 
@@ -168,10 +191,19 @@ def main() -> None:
     else:
         _phases_and_batching(model, work["mixed"], a, rows)
     _packing_and_peer(model, work, a, rows)
+    load_after = os.getloadavg()
     print(f"\n| measure ({a.threads} thread{'s' * (a.threads > 1)}) | this run | target |")
     print("|---|---:|---|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+    for r in rows:
+        print(f"| {r['what']} | {r['text']} | {r['target']}{' (met)' * r['met']} |")
+    print(f"load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    if a.json:
+        data = json.loads(a.json.read_text(encoding="utf-8")) if a.json.exists() else {}
+        data["serving"] = dict(machine=machine(a.threads), date=started.strftime("%Y-%m-%d"),
+                               started=started.strftime("%H:%M UTC"), threads=a.threads, pairs=a.pairs, quick=a.quick,
+                               load_before=load_before[0], load_after=load_after[0],
+                               rows=rows)
+        a.json.write_text(json.dumps(data, indent=1), encoding="utf-8")
 
 
 def _phases_and_batching(model, mixed, a, rows: list) -> None:
@@ -179,57 +211,72 @@ def _phases_and_batching(model, mixed, a, rows: list) -> None:
     t64, t1024 = time_decode(model, [64, 1024], repeats=a.repeats)
     print(f"1. decode step with cache: context 64 {t64 * 1e3:.3f} ms, context 1024 "
           f"{t1024 * 1e3:.3f} ms; ratio 1024/64 = {t1024 / t64:.2f} (target <= 2.0)")
-    rows.append(("decode step 1024 / 64 context", f"{t1024 / t64:.2f}", "<= 2.0"))
+    rows.append(row("decode step 1024 / 64 context", t1024 / t64, "<= 2.0",
+                    t1024 / t64 <= 2.0, f"{t1024 / t64:.2f}"))
 
     (cached,), (full,) = time_decode(model, [512], repeats=a.repeats), \
         time_recompute(model, [512], repeats=10)
     print(f"2. context 512: cached decode {cached * 1e3:.3f} ms, full recompute "
           f"{full * 1e3:.3f} ms; ratio = {full / cached:.1f}x (target >= 5x)")
-    rows.append(("cached vs recompute, context 512", f"{full / cached:.1f}x", ">= 5x"))
+    rows.append(row("cached vs recompute, context 512", full / cached, ">= 5x",
+                    full / cached >= 5, f"{full / cached:.1f}x"))
 
     prompts, new = mixed
-    r, t_cont, t_static, _, _ = paired(lambda: serve(model, prompts, new)[:2],
-                                       lambda: serve(model, prompts, new,
-                                                     static_batching=True)[:2], a.pairs)
+    ratios, t_cont, t_static, _, _ = paired(lambda: serve(model, prompts, new)[:2],
+                                            lambda: serve(model, prompts, new,
+                                                          static_batching=True)[:2], a.pairs)
+    r = statistics.median(ratios)
     print(f"3. mixed workload, {sum(new)} new tokens, continuous {sum(new) / t_cont:.0f} "
           f"tok/s, static {sum(new) / t_static:.0f} tok/s; ratio = {r:.2f}x (target >= 1.5x)")
-    rows.append(("continuous vs static batching (mixed)", f"{r:.2f}x", ">= 1.5x"))
+    rows.append(row("continuous vs static batching (mixed)", r, ">= 1.5x", r >= 1.5,
+                    f"{r:.2f}x", ratios))
 
 
 def _packing_and_peer(model, work: dict, a, rows: list) -> None:
     """Sections 4 and 5 of the module docstring, on each workload of ``work``."""
+    packing = {}
     for name, (prompts, new) in work.items():
         _, _, packed = serve(model, prompts, new)
         _, _, padded = serve(model, prompts, new, padded=True)
         real = sum(s.num_tokens for s in packed.steps)
         pos = [sum(s.num_positions for s in e.steps) / real for e in (packed, padded)]
-        r, t_pk, t_pd, out_pk, out_pd = paired(
+        decode_only = sum(not s.prefill for s in packed.steps)
+        ratios, t_pk, t_pd, out_pk, out_pd = paired(
             lambda: serve(model, prompts, new)[:2],
             lambda: serve(model, prompts, new, padded=True)[:2], a.pairs)
         assert out_pk == out_pd, "packed and padded steps gave different greedy tokens"
-        print(f"4. {name}: {len(prompts)} requests, {real} scheduled tokens; positions "
-              f"computed / real tokens: packed {pos[0]:.2f}, padded {pos[1]:.2f}; packed "
+        r = packing[name] = statistics.median(ratios)
+        print(f"4. {name}: {len(prompts)} requests, {real} scheduled tokens, "
+              f"{len(packed.steps)} steps ({decode_only} decode-only); positions computed / "
+              f"real tokens: packed {pos[0]:.2f}, padded {pos[1]:.2f}; packed "
               f"{sum(new) / t_pk:.0f} tok/s, padded {sum(new) / t_pd:.0f} tok/s; ratio "
               f"= {r:.2f}x; same greedy tokens")
-        rows.append((f"positions computed / real tokens ({name})",
-                     f"{pos[0]:.2f} (padded {pos[1]:.2f})", "1.00"))
-        rows.append((f"packed vs padded engine ({name})", f"{r:.2f}x",
-                     ">= 1.5x" if name == "mixed" else "> mixed"))
+        rows.append(row(f"positions computed / real tokens ({name})", pos[0], "1.00",
+                        round(pos[0], 2) == 1.0, f"{pos[0]:.2f} (padded {pos[1]:.2f})",
+                        padded=pos[1]))
+        met = r >= 1.5 if name == "mixed" else r > packing.get("mixed", float("inf"))
+        rows.append(row(f"packed vs padded engine ({name})", r,
+                        ">= 1.5x" if name == "mixed" else "> mixed", met, f"{r:.2f}x", ratios,
+                        steps=len(packed.steps), decode_only_steps=decode_only,
+                        tok_s=sum(new) / t_pk, padded_tok_s=sum(new) / t_pd))
 
     if not a.no_hf:
         logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
         hf = hf_model(model)
         for name, (prompts, new) in work.items():
             serve_hf(hf, prompts[:2], new[:2])                                 # warm-up
-            r, t_ours, t_hf, out_ours, out_hf = paired(
+            ratios, t_ours, t_hf, out_ours, out_hf = paired(
                 lambda: serve(model, prompts, new)[:2], lambda: serve_hf(hf, prompts, new),
                 a.pairs)
-            same = out_ours == out_hf
+            r, same = statistics.median(ratios), out_ours == out_hf
             print(f"5. {name}: ours {sum(new) / t_ours:.0f} tok/s, transformers "
                   f"generate_batch {sum(new) / t_hf:.0f} tok/s; ratio = {r:.2f}x (target "
                   f">= 1.5x); greedy outputs {'identical' if same else 'DIFFERENT'}")
-            rows.append((f"ours vs transformers generate_batch ({name})", f"{r:.2f}x"
-                         + ("" if same else " (outputs differ)"), ">= 1.5x"))
+            rows.append(row(f"ours vs transformers generate_batch ({name})", r, ">= 1.5x",
+                            r >= 1.5 and same,
+                            f"{r:.2f}x" + ("" if same else " (outputs differ)"), ratios,
+                            same_outputs=same, tok_s=sum(new) / t_ours,
+                            hf_tok_s=sum(new) / t_hf))
 
 
 if __name__ == "__main__":

@@ -266,10 +266,11 @@ def main() -> None:
         rows += r
         mems += m
     print_tables(rows, mems)
-    if args.json:
-        args.json.write_text(json.dumps({"machine": machine(args.threads),
-                                         "date": dt.date.today().isoformat(),
-                                         "rows": rows, "memory": mems}, indent=1))
+    if args.json:                      # other keys of the file (bench_serving's) are kept
+        data = json.loads(args.json.read_text()) if args.json.exists() else {}
+        data.update({"machine": machine(args.threads), "date": dt.date.today().isoformat(),
+                     "rows": rows, "memory": mems})
+        args.json.write_text(json.dumps(data, indent=1))
 
 
 if __name__ == "__main__":

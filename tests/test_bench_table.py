@@ -37,3 +37,50 @@ def test_a_changed_json_changes_the_table_only():
     other["rows"][0]["preset"] = "mystery"
     with pytest.raises(ValueError, match="HF_CLASS"):
         bench_table.table(other)
+
+
+def _serving(data):
+    """``data`` with a small ``serving`` entry (the layout ``bench_serving.py --json``
+    writes): one paired measure met, one missed, one not paired."""
+    out = copy.deepcopy(data)
+    out["serving"] = dict(
+        machine="CPU X, 2 cores", date="2026-12-01", started="14:00 UTC", threads=1, pairs=5,
+        quick=False, load_before=2.04, load_after=3.96,
+        rows=[dict(what="packed vs padded engine (mixed)", value=1.2, text="1.20x",
+                   target=">= 1.5x", met=False, ratios=[1.1, 1.2, 1.3], ratio_min=1.1,
+                   ratio_max=1.3, steps=187, decode_only_steps=171),
+              dict(what="ours vs transformers generate_batch (long)", value=2.5, text="2.50x",
+                   target=">= 1.5x", met=True, ratios=[2.4, 2.5], ratio_min=2.4,
+                   ratio_max=2.5),
+              dict(what="positions computed / real tokens (mixed)", value=1.0,
+                   text="1.00 (padded 3.49)", target="1.00", met=True)])
+    return out
+
+
+def test_serving_table_and_notes_come_from_the_json():
+    data = _serving(json.loads(bench_table.JSON.read_text(encoding="utf-8")))
+    t = bench_table.serving_table(data).splitlines()
+    assert t[0] == "| measure (1 thread) | this run | pairs (min-max) | target | met |"
+    assert t[2] == "| packed vs padded engine (mixed) | 1.20x | 1.10-1.30 | >= 1.5x | no |"
+    assert t[4] == "| positions computed / real tokens (mixed) | 1.00 (padded 3.49) |  | 1.00 | yes |"
+    notes = bench_table.serving_notes(data)
+    assert notes.startswith("2 of 3 targets met in this run; missed: packed vs padded "
+                            "engine (mixed) 1.20x (target >= 1.5x).")
+    assert "187 engine steps, 171 of them decode-only" in notes
+    assert "load average 2.0 at the start and 4.0 at the end; 5 alternating pairs" in notes
+    data["serving"]["rows"][0]["met"] = True                 # now every target is met
+    assert bench_table.serving_notes(data).startswith("3 of 3 targets met in this run; "
+                                                      "missed: none.")
+
+
+def test_a_changed_serving_run_changes_its_block_only():
+    data = json.loads(bench_table.JSON.read_text(encoding="utf-8"))
+    page = bench_table.PAGE.read_text(encoding="utf-8")
+    new = bench_table.render(page, _serving(data))
+    assert "| packed vs padded engine (mixed) | 1.20x | 1.10-1.30 |" in new and new != page
+    outside = (page.split(bench_table.SERVING_BEGIN)[0],
+               page.split(bench_table.SERVING_END)[1])
+    assert new.startswith(outside[0]) and new.endswith(outside[1])
+    no_block = page.replace(bench_table.SERVING_END, "")
+    with pytest.raises(ValueError, match="serving-table"):
+        bench_table.render(no_block, data)

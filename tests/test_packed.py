@@ -42,32 +42,36 @@ def _ids(n, seed):
 # ------------------------------------------------------------------- the step's tensors
 def test_packed_step_by_hand():
     """Two decode rows (5 and 2 tokens cached), then a chunk of 3 after 4 cached tokens, in
-    blocks of 4. Decode windows are 6 wide (the longest decode context), right-aligned."""
+    blocks of 4. Each sequence gathers whole blocks; the decode rows as many as the longest
+    (2 blocks: windows 8 wide, real tokens at the left)."""
     cfg = random_model().config
     cache = PagedKVCache(cfg, 12, BLOCK)
     step = cache.packed_step([[7, 2], [5], [9, 3]], [5, 2, 4], [1, 1, 3])
     assert step.positions.tolist() == [[5, 2, 4, 5, 6]]
-    assert step.num_tokens == 5 and step.num_decode == 2 and step.decode_len == 6
+    assert step.num_tokens == 5 and step.num_decode == 2 and step.decode_len == 8
     assert step.cu_seqlens_q.tolist() == [0, 1, 2, 5]
-    assert step.cu_seqlens_k.tolist() == [0, 6, 12, 19]
+    assert step.cu_seqlens_k.tolist() == [0, 8, 16, 24] and step.seqlens_k == [6, 3, 7]
     # token i of a sequence lives in slot table[i // 4] * 4 + i % 4
     assert step.slot_mapping.tolist() == [2 * 4 + 1, 5 * 4 + 2, 3 * 4 + 0, 3 * 4 + 1, 3 * 4 + 2]
-    row0 = [28, 29, 30, 31, 8, 9]                       # tokens 0..5 of [7, 2]
-    row1 = [20, 21, 22]                                 # tokens 0..2 of [5], 3 masked before
-    chunk = [36, 37, 38, 39, 12, 13, 14]                # tokens 0..6 of [9, 3]
-    slots = step.context_slots.tolist()
-    assert slots[:6] == row0 and slots[9:12] == row1 and slots[12:] == chunk
-    dec = step.masks[0]                                 # [2, 1, 1, 6]
-    assert dec.shape == (2, 1, 1, 6)
-    assert dec[0, 0, 0].all() and dec[1, 0, 0].tolist() == [False] * 3 + [True] * 3
+    assert step.context_blocks == [[7, 2], [5, 0], [9, 3]]   # [5] padded with block 0
+    heads = cfg.num_key_value_heads                          # 2: rows block * 2 + head
+    read, write = step.rows[heads]
+    assert read.tolist() == [14, 4, 15, 5, 10, 0, 11, 1, 18, 6, 19, 7]
+    # the writes head-major: rows block * 8 + head * 4 + offset of the five slots
+    assert write.tolist() == [17, 42, 24, 25, 26, 21, 46, 28, 29, 30]
+    dec = step.masks[0]                                 # [2, 1, 1, 8]
+    assert dec.shape == (2, 1, 1, 8)
+    assert dec[0, 0, 0].tolist() == [True] * 6 + [False] * 2
+    assert dec[1, 0, 0].tolist() == [True] * 3 + [False] * 5
     causal = step.masks[1][0, 0]                        # [3, 7]: new tokens 4, 5, 6
     assert causal.tolist() == [[j <= i for j in range(7)] for i in (4, 5, 6)]
 
 
 def test_packed_update_writes_and_gathers_each_sequence_as_one_block():
     """``update`` of the hand-worked step writes the new entries at their slots and returns
-    each sequence's context as one ``[heads, L_i, dim]`` block, one after the other (the
-    decode windows side by side: ``[2, heads, 6, dim]``), read back from the pool."""
+    each sequence's whole blocks as one ``[heads, blocks * 4, dim]`` block, one after the
+    other (the decode windows side by side: ``[2, heads, 8, dim]``), read back from the
+    pool; attention's views of them hold each sequence's tokens 0 .. L_i - 1."""
     cfg = random_model().config
     cache = PagedKVCache(cfg, 12, BLOCK)
     g = torch.Generator().manual_seed(0)
@@ -76,16 +80,25 @@ def test_packed_update_writes_and_gathers_each_sequence_as_one_block():
     step = cache.packed_step([[7, 2], [5], [9, 3]], [5, 2, 4], [1, 1, 3])
     new = [torch.randn(1, heads, 5, dim, generator=g) for _, heads, dim in cache.entries]
     out = cache.update(1, step, *new)
-    slots, cu_k = step.context_slots, step.cu_k
-    for pool, x, e in zip(cache.layers[1], new, out):
+    seen = []
+    step.attend_each(lambda *a: seen.append(a) or a[0], tuple(x for x in new), out)
+    cu_k = step.cu_k
+    for j, (pool, x, e) in enumerate(zip(cache.layers[1], new, out)):
         _, heads, _, dim = pool.shape
         by_slot = pool.transpose(1, 2).reshape(-1, heads, dim)      # [slots, heads, dim]
         assert torch.equal(by_slot[step.slot_mapping], x[0].transpose(0, 1))
-        want = by_slot[slots].transpose(0, 1)                        # [heads, cu_k[n], dim]
-        dec = e[:2 * heads * 6].view(2, heads, 6, dim)
-        for i in range(3):
-            got = dec[i] if i < 2 else e[heads * cu_k[i]:].view(heads, -1, dim)
-            assert torch.equal(got, want[:, cu_k[i]:cu_k[i + 1]])
+        assert e.shape == (heads * cu_k[-1], dim)
+        for i, blocks in enumerate(step.context_blocks):
+            slots = [b * BLOCK + o for b in blocks for o in range(BLOCK)]
+            want = by_slot[slots].transpose(0, 1)                    # [heads, blocks * 4, dim]
+            assert torch.equal(e[heads * cu_k[i]:heads * cu_k[i + 1]].view(heads, -1, dim),
+                               want)
+        # what attention reads: the decode windows [2, heads, 8, dim], the chunk [1, heads, 7, dim]
+        dec, chunk = seen[0][len(new) + j], seen[1][len(new) + j]
+        assert dec.shape == (2, heads, 8, dim) and chunk.shape == (1, heads, 7, dim)
+        assert torch.equal(dec[0, :, :6], by_slot[[28, 29, 30, 31, 8, 9]].transpose(0, 1))
+        assert torch.equal(dec[1, :, :3], by_slot[[20, 21, 22]].transpose(0, 1))
+        assert torch.equal(chunk[0], by_slot[[36, 37, 38, 39, 12, 13, 14]].transpose(0, 1))
 
 
 def test_packed_step_rejects_a_short_block_table():
@@ -143,6 +156,27 @@ def test_forward_packed_equals_each_sequence_alone(model):
     got = [(first[0], second[0]), (first[1], second[2]), (first[2], second[1])]
     for (g1, g2), (w1, w2) in zip(got, want):
         assert torch.allclose(g1, w1, atol=1e-5) and torch.allclose(g2, w2, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_decode_rows_that_fill_their_blocks_read_without_a_mask(model):
+    """Decode rows whose contexts fill their whole blocks (8 and 8 tokens in blocks of 4)
+    read unmasked windows (``sdpa_hint == "none"``); one token shorter (8 and 7), the
+    window is masked. Either way each row's logits equal that sequence run alone."""
+    prompts = [_ids(8, 11), _ids(8, 12)]
+    for lengths, hint in (((8, 8), "none"), ((8, 7), None)):
+        cache = PagedKVCache(model.config, 8, BLOCK)
+        tables = [[5, 1], [2, 6]]
+        step = cache.packed_step(tables, [0, 0], [lengths[0] - 1, lengths[1] - 1])
+        ids = torch.tensor(prompts[0][:lengths[0] - 1] + prompts[1][:lengths[1] - 1])
+        model.forward_packed(ids, step, cache, torch.tensor([0]))
+        step = cache.packed_step(tables, [lengths[0] - 1, lengths[1] - 1], [1, 1])
+        assert getattr(step.masks[0], "sdpa_hint", None) == hint and step.decode_len == 8
+        ids = torch.tensor([prompts[0][lengths[0] - 1], prompts[1][lengths[1] - 1]])
+        got = model.forward_packed(ids, step, cache, torch.tensor([0, 1]))     # [2, V]
+        for g, prompt, L in zip(got, prompts, lengths):
+            want = _alone(model, prompt[:L], [L - 1, 1])[1]
+            assert torch.allclose(g, want, atol=1e-5)
 
 
 # ------------------------------------------------------------------- the engine

@@ -809,6 +809,18 @@ def test_greedy_tokens_are_each_rows_argmax():
                                      logits) == {}
 
 
+def test_a_greedy_row_whose_sum_overflows_still_gets_its_argmax():
+    """``greedy_tokens`` takes a row as finite when its sum is: a row of finite logits
+    whose sum overflows float32 is left to ``sample_token``, which gives its argmax."""
+    from types import SimpleNamespace as NS
+    row = torch.full((6,), 3e38)
+    row[2] = 3.2e38                                     # every entry finite, the sum is inf
+    req = NS(request_id="a", params=NS(temperature=0.0, logprobs=None), generator=None)
+    assert bool(torch.isfinite(row).all()) and not bool(torch.isfinite(row.sum()))
+    assert sampler_mod.greedy_tokens([req], {"a": row}) == {}
+    assert sampler_mod.sample_requests([req], {"a": row})["a"].token == 2
+
+
 # =================================================================== plants 2: the survivors
 @pytest.mark.parametrize("steps_before_abort", [0, 1, 3])
 def test_n_samples_go_on_when_sample_0_is_aborted(model, steps_before_abort):

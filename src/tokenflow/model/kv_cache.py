@@ -115,36 +115,42 @@ class PackedCacheStep(CacheStep):
     :meth:`attend_each`.
 
     The first ``num_decode`` sequences have one new token each (decode rows); the others are
-    prompt chunks. Their contexts (cached + new tokens, ``L_i``) are gathered in that order:
-    the decode rows as ``num_decode`` windows of ``decode_len`` slots (``L_i`` real tokens at
-    the right, masked slots before: one batched attention call reads them all, as a decode
-    kernel reads each row's block table up to its length), then each chunk's context end to
-    end (one attention call each). Each sequence's gathered context is one ``[heads, L_i,
-    dim]`` block, so the layers cut them out with views.
+    prompt chunks. Their contexts (cached + new tokens, ``L_i``) are gathered in that order,
+    **whole blocks** at a time, as a paged-attention kernel walks a block table: each
+    sequence's first ``ceil(L_i / block_size)`` blocks, one ``[heads, blocks * block_size,
+    dim]`` block of entries per sequence, so the layers cut them out with views. The decode
+    rows all read as many blocks as the longest of them: ``num_decode`` windows of
+    ``decode_len`` slots (``L_i`` real tokens at the left, masked slots after), read by one
+    batched attention call; each chunk's context is cut to its ``L_i`` tokens and read by a
+    call of its own.
 
     Attributes:
         positions: ``[1, T]`` int64 RoPE position of each new token (its index in its own
             sequence); the model runs the ``T`` tokens as one row ``[1, T, H]``.
         cu_q: ``n+1`` ints (``cu_seqlens_q``), sequence ``i``'s new tokens are
             ``[cu_q[i], cu_q[i+1])`` of ``T``.
-        cu_k: ``n+1`` ints (``cu_seqlens_k``), its gathered context is
+        cu_k: ``n+1`` ints (``cu_seqlens_k``), its gathered context (whole blocks) is
             ``[cu_k[i], cu_k[i+1])``. Plain lists: the layers slice with them, and a tensor
             would cost a sync per read (:attr:`cu_seqlens_q` / :attr:`cu_seqlens_k` give
             the tensors a GPU kernel would take).
+        seqlens_k: ``n`` ints, ``L_i``: the real tokens at the start of each gathered
+            context.
         slot_mapping: ``[T]`` int64 pool slot each new token is written to.
-        context_slots: ``[cu_k[n]]`` int64 pool slot of every gathered context entry.
+        context_blocks: per sequence, the ids of the blocks gathered for it (a decode row
+            with fewer blocks than the others is padded with block 0, masked).
         num_decode, decode_len: decode rows first, and the width of their windows.
         masks: ``[num_decode, 1, 1, decode_len]`` for the decode rows (if any), then per
             chunk ``[1, 1, S_i, L_i]`` (causal; :func:`attention_mask_for`).
         rows: storage data computed once per step for every layer (the paged cache's pool
-            rows, :func:`tokenflow.serving.paged_kv_cache.pool_rows`).
+            rows to gather and to write).
         (``start`` is 0 and ``mask`` None: the masks are per sequence.)
     """
 
     cu_q: list = field(default_factory=list)
     cu_k: list = field(default_factory=list)
+    seqlens_k: list = field(default_factory=list)
     slot_mapping: torch.Tensor = None
-    context_slots: torch.Tensor = None
+    context_blocks: list = field(default_factory=list)
     num_decode: int = 0
     decode_len: int = 0
     masks: list = field(default_factory=list)
@@ -173,7 +179,8 @@ class PackedCacheStep(CacheStep):
                 on a batch of ``B`` sequences (``q [B, heads, S, .]``, ``e [B, heads, L, .]``).
             queries: tensors ``[1, heads, T, .]`` (new tokens end to end).
             entries: tensors ``[heads * cu_k[n], .]`` (from ``update``): the sequences'
-                contexts one after the other, each ``[heads, L_i, .]``.
+                gathered contexts one after the other, each ``[heads, cu_k[i+1] - cu_k[i],
+                .]`` with its ``L_i`` real tokens first.
 
         Returns:
             ``[1, heads, T, dim]``: the sequences' outputs, end to end again.
@@ -187,7 +194,8 @@ class PackedCacheStep(CacheStep):
             out.append(attend(*q_d, *e_d, self.masks[0]).transpose(0, 2))     # [1, h, n, dim]
         for i, mask in zip(range(n, len(cu_q) - 1), self.masks[1 if n else 0:]):
             q_i = [q[:, :, cu_q[i]:cu_q[i + 1]] for q in queries]          # [1, h, S_i, .]
-            e_i = [e[h * cu_k[i]:h * cu_k[i + 1]].view(1, h, cu_k[i + 1] - cu_k[i], -1)
+            width, L_i = cu_k[i + 1] - cu_k[i], self.seqlens_k[i]     # whole blocks, real
+            e_i = [e[h * cu_k[i]:h * cu_k[i + 1]].view(1, h, width, -1)[:, :, :L_i]
                    for e, h in zip(entries, heads)]                        # [1, h, L_i, .]
             out.append(attend(*q_i, *e_i, mask))                           # [1, h, S_i, dim]
         return torch.cat(out, dim=2) if len(out) > 1 else out[0]           # [1, h, T, dim]

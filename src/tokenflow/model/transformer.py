@@ -255,8 +255,9 @@ class TokenFlowModel(nn.Module):
         if lo < 0 or hi >= self.config.vocab_size:
             raise ValueError(f"input_ids must be in [0, vocab_size={self.config.vocab_size}), "
                              f"found token id {lo if lo < 0 else hi}")
-        if int(step.positions.max()) >= self.config.max_position_embeddings:
-            raise ValueError(f"a sequence reaches position {int(step.positions.max())} >= "
+        last = max(step.seqlens_k) - 1           # the largest position (from ints: no .item())
+        if last >= self.config.max_position_embeddings:
+            raise ValueError(f"a sequence reaches position {last} >= "
                              f"max_position_embeddings={self.config.max_position_embeddings}")
         p = self.embed_tokens.weight
         kv_cache.check_model(self.config, p.dtype, p.device)

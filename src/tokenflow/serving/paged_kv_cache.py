@@ -34,14 +34,17 @@ tokens lie end to end, ``input_ids [T]`` with ``T = sum(num_new)``.
 :meth:`PagedKVCache.packed_step` turns the block tables and counts into a
 :class:`~tokenflow.model.kv_cache.PackedCacheStep`: ``positions [T]``, ``slot_mapping [T]``
 (where each new token is written), ``cu_seqlens_q [n+1]`` (where each sequence's new tokens
-start in ``T``) and ``cu_seqlens_k [n+1]`` (where its context, cached + new, starts in the
-gathered entries). ``update`` writes the ``T`` new entries and gathers the contexts one
-after the other, each sequence's as one ``[heads, L_i, dim]`` block; attention then keeps
-each sequence to its own block (``PackedCacheStep.attend_each``, views, no copy): the decode
-rows in one batched call (each reads a window as wide as the longest decode context, the
-unused slots masked: wasted keys, never a wasted position; their blocks side by side are
-one ``[n_dec, heads, width, dim]`` tensor), each prompt chunk in a call of its own. Every
-index a layer reads or writes is computed once per step, in ``packed_step``.
+start in ``T``) and ``cu_seqlens_k [n+1]`` (where its gathered context starts). ``update``
+writes the ``T`` new entries and gathers each sequence's context **block by block**, as a
+paged-attention kernel walks a block table: the sequence's first ``ceil(L_i / block_size)``
+blocks, whole, one index per block and head (:func:`block_rows`), so each context arrives as
+one ``[heads, blocks * block_size, dim]`` piece with its ``L_i`` tokens first. Attention then
+keeps each sequence to its own piece (``PackedCacheStep.attend_each``, views, no copy): the
+decode rows in one batched call (each reads as many blocks as the longest decode context,
+the slots after its own ``L_i`` masked: wasted keys, never a wasted position; their pieces
+side by side are one ``[n_dec, heads, width, dim]`` tensor), each prompt chunk in a call of
+its own, its piece cut to ``L_i``. Every index a layer reads or writes is computed once per
+step, in ``packed_step``.
 
 Bytes per token (all layers) are the contiguous cache's; ``bytes_per_token()`` measured from
 the pools equals :func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token` (tested).
@@ -57,7 +60,7 @@ from tokenflow.model.config import ModelConfig
 from tokenflow.model.kv_cache import (CacheStep, CacheStorage, PackedCacheStep,
                                       attention_mask_for, cache_entries)
 
-__all__ = ["PagedCacheStep", "PagedKVCache", "pool_rows"]
+__all__ = ["PagedCacheStep", "PagedKVCache", "pool_rows", "block_rows"]
 
 
 @dataclass
@@ -95,27 +98,27 @@ def pool_rows(slots: torch.Tensor, heads: int, block_size: int) -> torch.Tensor:
     return first[..., None] + head                                                 # [..., heads]
 
 
-def _by_sequence(rows: torch.Tensor, n_dec: int, width: int, cu_k: list[int]
-                 ) -> torch.Tensor:
-    """The gathered entries' pool rows ``[cu_k[n], heads]`` reordered sequence by sequence,
-    head-major within each (``[heads, L_i]``), flat: the order in which a packed step's
-    ``update`` gathers, so that each sequence's context is one ``[heads, L_i, dim]`` block
-    (and the decode windows together one ``[n_dec, heads, width, dim]`` block)."""
-    heads = rows.shape[1]
-    parts = [rows[:n_dec * width].view(n_dec, width, heads).transpose(1, 2)] if n_dec else []
-    parts += [rows[a:b].T for a, b in zip(cu_k[n_dec:-1], cu_k[n_dec + 1:])]  # [heads, L_i]
-    return torch.cat([p.reshape(-1) for p in parts]) if len(parts) > 1 else \
-        parts[0].reshape(-1)                                         # [heads * cu_k[n]]
+def block_rows(blocks: list[list[int]], heads: int) -> list[int]:
+    """Rows to gather whole blocks from a pool ``[num_blocks, heads, block_size, dim]``
+    viewed as ``[num_blocks * heads, block_size, dim]``: block ``b``'s head ``h`` is row ``b *
+    heads + h``. Listed sequence by sequence, head-major within each (for each head, the
+    sequence's blocks in order), so that the gathered ``block_size``-slot pieces of one
+    sequence form one ``[heads, blocks * block_size, dim]`` block.
+
+    Shape: ``blocks`` (per sequence, its block ids) -> ``heads * (total blocks)`` ints.
+    """
+    return [b * heads + h for seq in blocks for h in range(heads) for b in seq]
 
 
-def _decode_mask(valid: torch.Tensor, n_dec: int, width: int, shortest: int) -> torch.Tensor:
-    """The decode windows' mask ``[n_dec, 1, 1, width]``: the real slots of each window
-    (``valid``'s first ``n_dec * width`` entries). It is :func:`attention_mask_for` of
-    those rows, built without its checks: a decode row's new token is its window's last
-    slot, so causality hides nothing and every query sees itself. Marked ``sdpa_hint =
-    "none"`` when the ``shortest`` context fills its window (nothing is masked)."""
-    mask = valid[:n_dec * width].view(n_dec, 1, 1, width)
-    if shortest == width:
+def _decode_mask(lengths: list[int], width: int, device) -> torch.Tensor:
+    """The decode windows' mask ``[n_dec, 1, 1, width]``: slot ``j`` of window ``i`` holds a
+    real token when ``j < lengths[i]``. It is :func:`attention_mask_for` of those rows,
+    built without its checks: a decode row's new token is its last real slot, so causality
+    hides nothing that padding does not. Marked ``sdpa_hint = "none"`` when every context
+    fills its window (nothing is masked)."""
+    seen = torch.arange(width, device=device) < torch.tensor(lengths, device=device)[:, None]
+    mask = seen.view(len(lengths), 1, 1, width)                       # [n_dec, 1, 1, width]
+    if min(lengths) == width:
         mask.sdpa_hint = "none"
     return mask
 
@@ -208,35 +211,30 @@ class PagedKVCache(CacheStorage):
         dev, bs, n = self.device, self.block_size, len(num_new)
         n_dec = next((i for i, m in enumerate(num_new) if m != 1), n)      # decode rows
         total = [c + m for c, m in zip(num_cached, num_new)]               # L_i
-        width = max(total[:n_dec], default=0)                              # decode_len
-        lengths = [width] * n_dec + total[n_dec:]          # gathered entries per sequence
-        cu_q, cu_k = [0, *accumulate(num_new)], [0, *accumulate(lengths)]
-        # each gathered entry: its sequence and its token index there; decode windows are
-        # right-aligned, their first width - L_i entries are masked (token < 0)
-        seq = torch.repeat_interleave(torch.tensor(lengths, device=dev))   # [cu_k[n]]
-        first = torch.tensor([k + L - t for k, L, t in zip(cu_k, lengths, total)],
-                             device=dev)                                   # [n] token 0 at
-        token = torch.arange(cu_k[-1], device=dev) - first[seq]           # [cu_k[n]]
-        valid = token >= 0
-        token = token.clamp(min=0)
-        slots = self._table_tensor(block_tables)[seq, token // bs] * bs + token % bs
-        # where the T new tokens sit among the gathered entries (the last num_new of each)
-        new_at = [j for k, m in zip(cu_k[1:], num_new) for j in range(k - m, k)]   # [T]
-        positions = [j for c, t in zip(num_cached, total) for j in range(c, t)]    # [T]
-        new_at = torch.tensor(new_at, device=dev)
-        masks = [_decode_mask(valid, n_dec, width, min(total[:n_dec]))] if n_dec else []
+        # the whole blocks each sequence reads: its first ceil(L_i / bs); every decode row
+        # as many as the longest of them (a shorter table padded with block 0, masked)
+        reads = [-(-L // bs) for L in total]
+        reads[:n_dec] = [max(reads[:n_dec], default=0)] * n_dec
+        blocks = [(t + [0] * k)[:k] for t, k in zip(block_tables, reads)]
+        width = reads[0] * bs if n_dec else 0                              # decode_len
+        cu_q, cu_k = [0, *accumulate(num_new)], [0, *accumulate(k * bs for k in reads)]
+        # each new token: its position p, and its slot table[p // bs] * bs + p % bs
+        new_tokens = [(t, p) for t, c, L in zip(block_tables, num_cached, total)
+                      for p in range(c, L)]                                # [T]
+        slot_mapping = torch.tensor([t[p // bs] * bs + p % bs for t, p in new_tokens],
+                                    device=dev)
+        masks = [_decode_mask(total[:n_dec], width, dev)] if n_dec else []
         masks += [attention_mask_for(torch.ones(1, L, dtype=torch.bool, device=dev), c, m)
                   for c, m, L in zip(num_cached[n_dec:], num_new[n_dec:], total[n_dec:])]
-        step = PackedCacheStep(0, torch.tensor([positions], device=dev), None,
-                               cu_q=cu_q, cu_k=cu_k, slot_mapping=slots[new_at],
-                               context_slots=slots, num_decode=n_dec, decode_len=width,
-                               masks=masks)
-        # every layer's gather (read) and write rows, once: read sequence by sequence, each
-        # [heads, L_i]; write head-major, as the new entries come ([1, heads, T, dim])
+        positions = torch.tensor([[p for _, p in new_tokens]], device=dev)      # [1, T]
+        step = PackedCacheStep(0, positions, None, cu_q=cu_q, cu_k=cu_k, seqlens_k=total,
+                               slot_mapping=slot_mapping, context_blocks=blocks,
+                               num_decode=n_dec, decode_len=width, masks=masks)
+        # every layer's gather (read: whole blocks) and write rows, once; the writes
+        # head-major, as the new entries come ([1, heads, T, dim])
         for heads in {h for _, h, _ in self.entries}:
-            rows = pool_rows(slots, heads, bs)                              # [cu_k[n], heads]
-            step.rows[heads] = (_by_sequence(rows, n_dec, width, cu_k),
-                                rows[new_at].T.reshape(-1))                 # [heads * T]
+            step.rows[heads] = (torch.tensor(block_rows(blocks, heads), device=dev),
+                                pool_rows(slot_mapping, heads, bs).T.reshape(-1))
         return step
 
     def _table_tensor(self, block_tables: list[list[int]]) -> torch.Tensor:
@@ -288,8 +286,8 @@ class PagedKVCache(CacheStorage):
         ``step.slot_mapping``, then gather every row's ``L`` slots (``step.slots``).
         A :class:`PackedCacheStep`: write the ``T`` new tokens (``new`` are ``[1, heads, T,
         dim]``), return the gathered contexts flat, ``[heads * cu_seqlens_k[-1], dim]``,
-        sequence after sequence, each ``[heads, L_i, dim]`` (cut by
-        :meth:`~tokenflow.model.kv_cache.PackedCacheStep.attend_each`)."""
+        sequence after sequence, each its whole blocks ``[heads, blocks * block_size, dim]``
+        (cut by :meth:`~tokenflow.model.kv_cache.PackedCacheStep.attend_each`)."""
         if isinstance(step, PackedCacheStep):
             return self._update_packed(layer_idx, step, new)
         B, L = step.slots.shape
@@ -305,11 +303,11 @@ class PagedKVCache(CacheStorage):
     def _update_packed(self, layer_idx: int, step: PackedCacheStep, new) -> tuple:
         out = []
         for pool, x in zip(self.layers[layer_idx], new):
-            _, heads, _, dim = pool.shape
+            _, heads, bs, dim = pool.shape
             read, write = step.rows[heads]
-            flat = pool.view(-1, dim)                        # [num_blocks*heads*bs, dim]
-            flat.index_copy_(0, write, x[0].reshape(-1, dim))                    # [heads*T, dim]
-            out.append(flat.index_select(0, read))          # [heads * cu_k[n], dim]
+            pool.view(-1, dim).index_copy_(0, write, x.reshape(-1, dim))         # [heads*T, dim]
+            blocks = pool.view(-1, bs, dim).index_select(0, read)   # [heads*cu_k[n]/bs, bs, dim]
+            out.append(blocks.view(-1, dim))                        # [heads * cu_k[n], dim]
         return tuple(out)
 
     def read(self, layer_idx: int, stop: int) -> tuple[torch.Tensor, ...]:
