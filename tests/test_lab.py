@@ -1,6 +1,8 @@
-"""The chapters as a participant first sees them: opened in a plain JupyterLab (this
-environment's, no extension beyond the widget manager), untrusted, nothing run. Headless
-Chromium (conftest.py ``browser``) reads each notebook; JupyterLab serves 127.0.0.1 only.
+"""The chapters as a participant first sees them, and after "Run All": opened in a plain
+JupyterLab (this environment's, no extension beyond the widget manager), untrusted, nothing run;
+then run top to bottom in a kernel. Headless Chromium (conftest.py ``browser``) reads each
+notebook; JupyterLab serves 127.0.0.1 only, from a temporary copy of the chapters (a run
+notebook that JupyterLab autosaves never reaches notebooks/).
 
 Checked per chapter: every solution is folded (its prose's input and its answer cell's input and
 output show JupyterLab's placeholders), no solution output text is on the page, and no
@@ -14,13 +16,23 @@ stored before the explorers learnt to hide their controls still show them.
 Opening a chapter in JupyterLab takes several seconds (about 17 s for chapter 1, JupyterLab's
 start included, on two busy cores), so by default the test reads chapter 1 (both kinds of
 explorer control, live widgets, both kinds of solution); $TOKENFLOW_LAB_CHAPTERS=all reads
-every chapter (about 3 minutes on two busy cores), or a list such as ``02,05``.
+every chapter (about 1 minute, and about 3 more for Run All, on two cores), or a list such as
+``02,05``. Each chapter opens in a reset workspace (``?reset``): no earlier chapter is restored.
 $TOKENFLOW_LAB_NOTEBOOKS points it at another folder of notebooks (e.g. freshly executed copies).
+
+After Run All (JupyterLab's ``notebook:run-all-cells``, what the Run menu's "Run All Cells"
+does; every code cell started on the kernel and given an execution count, the kernel idle),
+checked per chapter: each explorer shows one set of controls, not two (a precomputed explorer
+with a live one below shows its one-line note, tokenflow.viz.static.LIVE_NOTE, while the live
+widget has the controls; one without a live twin shows its own) and no "Error displaying
+widget". Every solution still folded after Run All is a known failure (xfail): JupyterLab
+unfolds what it runs. Run All adds about 11 s for chapter 1 to the first test's 17 s.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,6 +40,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tokenflow.viz.static import WIDGET_VIEW
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = Path(os.environ.get("TOKENFLOW_LAB_NOTEBOOKS") or ROOT / "notebooks")
@@ -43,17 +57,24 @@ def chapters() -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def lab():
-    """JupyterLab on 127.0.0.1 (a free port, no token, no news or update checks) serving
-    NOTEBOOKS; yields its base URL."""
+def lab(tmp_path_factory):
+    """JupyterLab on 127.0.0.1 (a free port, no token, no news or update checks) serving a
+    temporary copy of the chapters in NOTEBOOKS, with ``window.jupyterapp`` exposed (for Run
+    All) and its workspaces in a temporary folder too (not ~/.jupyter: JupyterLab reopens the
+    notebooks a workspace had open, with their kernels); yields its base URL."""
+    root = tmp_path_factory.mktemp("lab")
+    workspaces = tmp_path_factory.mktemp("lab-workspaces")
+    for path in chapters():
+        shutil.copy2(path, root / path.name)
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
            f"--port={port}", "--ServerApp.token=", "--ServerApp.password=",
-           f"--ServerApp.root_dir={NOTEBOOKS}", "--LabApp.news_url=",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+           f"--ServerApp.root_dir={root}", "--LabApp.news_url=",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+           "--LabApp.expose_app_in_browser=True", f"--LabApp.workspaces_dir={workspaces}"]
     if os.name == "posix" and os.getuid() == 0:
         cmd.append("--allow-root")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -110,7 +131,7 @@ def test_chapters_open_folded_without_dead_controls(browser, lab):
             nb = json.loads(path.read_text(encoding="utf-8"))
             sol = [c for c in nb["cells"] if "solution" in c["metadata"].get("tags", [])]
             sol_code = [c for c in sol if c["cell_type"] == "code"]
-            page.goto(f"{lab}lab/tree/{path.name}", wait_until="load")
+            page.goto(f"{lab}lab/tree/{path.name}?reset", wait_until="load")
             page.wait_for_function(
                 f"() => document.querySelectorAll('.jp-Notebook .jp-Cell').length >= "
                 f"{len(nb['cells'])} && document.querySelectorAll('.jp-OutputPlaceholder')"
@@ -131,3 +152,160 @@ def test_chapters_open_folded_without_dead_controls(browser, lab):
         ctx.close()
     print("solution cells / inputs folded / outputs folded:", seen)
     assert seen and len(seen) == len(chapters()) and not problems, "\n".join(problems)
+
+
+# Run All in the notebook JupyterLab shows, once its kernel is ready (not waiting for the run to
+# end: RAN_JS does, with a timeout); count the cells the kernel starts (execute_input on IOPub),
+# so that the wait does not pass on the stored execution counts.
+RUN_ALL_JS = """async () => {
+  const w = window.jupyterapp.shell.currentWidget;
+  await w.sessionContext.ready;
+  window.tfStarted = 0;
+  w.sessionContext.session.kernel.iopubMessage.connect((_, msg) => {
+    if (msg.header.msg_type === 'execute_input') window.tfStarted += 1;
+  });
+  window.jupyterapp.commands.execute('notebook:run-all-cells');   // resolves when all ran
+}"""
+
+# Every code cell ran (started on the kernel, an execution count set) and the kernel is idle.
+RAN_JS = """n => {
+  const w = window.jupyterapp.shell.currentWidget;
+  const kernel = w.sessionContext.session && w.sessionContext.session.kernel;
+  return kernel && kernel.status === 'idle' && window.tfStarted >= n &&
+         [...w.content.model.cells].every(c => c.type !== 'code' || c.executionCount);
+}"""
+
+# Where a Run All that did not finish stands.
+PROGRESS_JS = """() => {
+  const w = window.jupyterapp.shell.currentWidget;
+  const kernel = w.sessionContext.session && w.sessionContext.session.kernel;
+  const cells = [...w.content.model.cells];
+  return `kernel ${kernel ? kernel.status : 'none'}, ${window.tfStarted} cells started, ` +
+         `code cells without an execution count: ` +
+         cells.flatMap((c, i) => c.type === 'code' && !c.executionCount ? [i] : []).join(', ');
+}"""
+
+# Per cell (notebook order): for each of its output areas that shows a control, the first one.
+# A live slider is a div with role=slider (noUiSlider), a precomputed one an <input>.
+RUN_STATE_JS = """() => {
+  const shown = e => e.checkVisibility() && e.getBoundingClientRect().height > 0;
+  const cells = [...document.querySelectorAll('.jp-Notebook .jp-Cell')];
+  const outs = [...document.querySelectorAll('.jp-Notebook .jp-OutputArea-output')];
+  return {
+    cells: cells.length,
+    controls: cells.map(c => [...c.querySelectorAll('.jp-OutputArea-output')]
+        .map(o => [...o.querySelectorAll('input, select, button, textarea, [role=slider]')]
+                   .filter(shown))
+        .filter(found => found.length)
+        .map(found => found[0].outerHTML.slice(0, 80))),
+    inputs_folded: document.querySelectorAll('.jp-Notebook .jp-InputPlaceholder').length,
+    outputs_folded: document.querySelectorAll('.jp-Notebook .jp-OutputPlaceholder').length,
+    widget_errors: outs.filter(o => o.innerText.includes('Error displaying widget')).length,
+    text: document.querySelector('.jp-Notebook').innerText,
+  };
+}"""
+
+def _explorers(nb: dict) -> dict[int, bool]:
+    """Cell index -> whether a live explorer follows, for every cell whose stored output is a
+    precomputed explorer (tokenflow.viz.static: HTML with ``tf-explorer``; run in a kernel with
+    ``live_below``, the same output also holds the widget view of its note)."""
+    found = {}
+    for i, c in enumerate(nb["cells"]):
+        for o in c.get("outputs", []) if c["cell_type"] == "code" else []:
+            data = o.get("data", {})
+            if 'class="tf-explorer"' in "".join(data.get("text/html", "")):
+                found[i] = WIDGET_VIEW in data
+    return found
+
+
+@pytest.fixture(scope="module")
+def ran_all(browser, lab) -> dict:
+    """Each chapter opened in JupyterLab and run with Run All, once for the tests below:
+    chapter stem -> (notebook, RUN_STATE_JS's result or a str saying where an unfinished Run
+    All stopped, seconds from opening to the result)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    states = {}
+    for path in chapters():
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        n_code = sum(c["cell_type"] == "code" and "".join(c["source"]).strip() != ""
+                     for c in nb["cells"])
+        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = ctx.new_page()
+        try:
+            start = time.monotonic()
+            page.goto(f"{lab}lab/tree/{path.name}?reset", wait_until="load")
+            page.wait_for_function(
+                f"() => window.jupyterapp && window.jupyterapp.shell.currentWidget && "
+                f"window.jupyterapp.shell.currentWidget.sessionContext && "
+                f"window.jupyterapp.shell.currentWidget.context.path === '{path.name}' && "
+                f"document.querySelectorAll('.jp-Notebook .jp-Cell').length >= "
+                f"{len(nb['cells'])}", timeout=60_000)
+            page.evaluate(RUN_ALL_JS)
+            try:
+                page.wait_for_function(RAN_JS, arg=n_code, timeout=180_000, polling=500)
+                page.wait_for_timeout(1500)          # widgets render, explorer scripts run
+                state = page.evaluate(RUN_STATE_JS)
+            except PlaywrightTimeout:
+                state = (f"Run All did not finish in 180 s: {page.evaluate(PROGRESS_JS)} "
+                         f"({n_code} code cells)")
+            states[path.stem] = (nb, state, round(time.monotonic() - start, 1))
+            page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+        finally:
+            ctx.close()
+    return states
+
+
+def test_run_all_shows_one_set_of_controls_per_explorer(ran_all):
+    """After Run All, each explorer shows one set of controls: the live widget's where a live
+    explorer follows the precomputed one (which shows its note), else the precomputed one's;
+    never both. And no "Error displaying widget"."""
+    problems, seen = [], {}
+    for stem, (nb, r, seconds) in ran_all.items():
+        if isinstance(r, str):
+            problems.append(f"{stem}: {r}")
+            continue
+        if r["cells"] != len(nb["cells"]):
+            problems.append(f"{stem}: {r['cells']} cells on the page, {len(nb['cells'])} in "
+                            f"the notebook")
+            continue
+        explorers = _explorers(nb)
+        with_controls = {i: found for i, found in enumerate(r["controls"]) if found}
+        n_sets = sum(len(found) for found in with_controls.values())
+        seen[stem] = (len(explorers), n_sets, seconds)
+        if n_sets != len(explorers):
+            problems.append(f"{stem}: {n_sets} sets of controls for {len(explorers)} explorers, "
+                            f"in cells {sorted(with_controls)}")
+        problems += [f"{stem}: cell {i} shows the precomputed explorer's controls while the "
+                     f"live one below runs: {with_controls[i][0]}"
+                     for i, live in explorers.items() if live and i in with_controls]
+        problems += [f"{stem}: cell {i}, a precomputed explorer with no live one, shows no "
+                     f"controls" for i, live in explorers.items()
+                     if not live and i not in with_controls]
+        if r["widget_errors"]:
+            problems.append(f"{stem}: {r['widget_errors']} 'Error displaying widget'")
+    print("explorers / sets of controls / seconds to open and Run All:", seen)
+    assert seen and len(seen) == len(chapters()) and not problems, "\n".join(problems)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "JupyterLab unfolds what it runs: running a markdown cell sets inputHidden = false and "
+    "CodeCell.execute sets outputHidden = false (JupyterLab 4.6), so after Run All each "
+    "solution's prose and answer output show; only the answer code stays folded"))
+def test_run_all_keeps_solutions_folded(ran_all):
+    """After Run All every solution is still folded: its prose's input and its answer cell's
+    input and output show JupyterLab's placeholders, and no solution output text is on the
+    page."""
+    problems = []
+    for stem, (nb, r, _) in ran_all.items():
+        if isinstance(r, str):
+            problems.append(f"{stem}: {r}")
+            continue
+        sol = [c for c in nb["cells"] if "solution" in c["metadata"].get("tags", [])]
+        sol_code = [c for c in sol if c["cell_type"] == "code"]
+        if r["inputs_folded"] < len(sol) or r["outputs_folded"] < len(sol_code):
+            problems.append(f"{stem}: after Run All {len(sol)} solution cells, "
+                            f"{r['inputs_folded']} inputs and {r['outputs_folded']} outputs "
+                            f"folded")
+        problems += [f"{stem}: solution output on the page after Run All: {t!r}"
+                     for t in _solution_texts(nb) if t in r["text"]]
+    assert ran_all and not problems, "\n".join(problems)
