@@ -63,7 +63,7 @@ from tokenflow import check
 
 def _run_check(*args, **env):
     """``python -m tokenflow.check`` in a fresh process with this checkout's package first."""
-    e = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **env)
+    e = dict(os.environ, **{"PYTHONPATH": str(ROOT / "src"), **env})
     return subprocess.run([sys.executable, "-m", "tokenflow.check", *args], cwd=ROOT, env=e,
                           capture_output=True, text=True, timeout=120)
 
@@ -270,3 +270,51 @@ def test_explorer_with_a_live_twin_carries_a_note_widget_in_a_kernel():
     assert WIDGET_VIEW not in ex._repr_mimebundle_()                  # no kernel here
     cfg = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["sphinx"]["config"]
     assert ["html", WIDGET_VIEW, 35] in cfg["nb_mime_priority_overrides"]   # after text/html (30)
+
+
+def test_check_runs_with_an_empty_torch_module(tmp_path):
+    """A module named torch that is not torch (an empty folder shadowing it) gives the torch
+    line's FAIL and exit 1, in a fresh process: no traceback from importing the package, and
+    the font line does not fail because of torch."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("")
+    proc = _run_check(PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT / 'src'}")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "[FAIL] torch" in proc.stdout and "pip install -r requirements.txt" in proc.stdout
+    assert "[ok  ] font" in proc.stdout, proc.stdout
+    assert "[FAIL] example    skipped" in proc.stdout
+    assert proc.returncode == 1
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_check_reports_a_damaged_font_file(tmp_path, damage):
+    """One font file of the set damaged (cut short, or empty): the font line FAILs naming it
+    and says how to restore the fonts; no traceback, exit 1."""
+    fonts = check.font_files()
+    for f in fonts:
+        data = f.read_bytes()
+        if f == fonts[0]:
+            data = data[:3000] if damage == "truncated" else b""
+        (tmp_path / f.name).write_bytes(data)
+    proc = _run_check(TOKENFLOW_FONT_DIR=str(tmp_path))
+    assert "Traceback" not in proc.stderr, proc.stderr
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("[FAIL] font"))
+    assert "missing or damaged" in line
+    assert "git checkout -- src/tokenflow/data/fonts" in proc.stdout
+    assert proc.returncode == 1
+
+
+def test_package_without_torch_names_the_fix(tmp_path):
+    """With a broken torch, ``import tokenflow`` works (so the check can run) and any public
+    name raises an ImportError that says torch is the cause and how to fix it."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("")
+    code = ("import tokenflow\n"
+            "try:\n    tokenflow.load_pretrained\n"
+            "except ImportError as e:\n    print('IMPORTERROR', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT / 'src'}"),
+                          timeout=120)
+    assert "IMPORTERROR tokenflow.load_pretrained needs a working torch" in proc.stdout, \
+        proc.stdout + proc.stderr
+    assert "pip install -r requirements.txt" in proc.stdout

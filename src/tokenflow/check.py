@@ -66,6 +66,9 @@ MESSAGES = {
                             "print(matplotlib.get_cachedir())\") and run this check again",
         "font.noglyph": "font {family} ({file}) has no glyph for " + EXPECTED,
         "font.noglyph.fix": "the bundled font is damaged: git checkout -- src/tokenflow/data/fonts",
+        "font.damaged": "bundled font file missing or damaged: {error}",
+        "font.damaged.fix": "restore it: git checkout -- src/tokenflow/data/fonts, then "
+                            "pip install -e .",
         "lab": "JupyterLab {lab}, ipywidgets {ipw}, widget extension {ext}",
         "lab.missing": "{what} is not installed",
         "lab.missing.fix": "pip install -r requirements.txt",
@@ -111,6 +114,8 @@ MESSAGES = {
                             "print(matplotlib.get_cachedir())\"），再运行一次本检查",
         "font.noglyph": "字体 {family}（{file}）中没有“" + EXPECTED + "”字",
         "font.noglyph.fix": "随书字体已损坏：git checkout -- src/tokenflow/data/fonts",
+        "font.damaged": "随书字体文件缺失或已损坏：{error}",
+        "font.damaged.fix": "恢复它：git checkout -- src/tokenflow/data/fonts，再运行 pip install -e .",
         "lab": "JupyterLab {lab}，ipywidgets {ipw}，控件扩展 {ext}",
         "lab.missing": "没有安装 {what}",
         "lab.missing.fix": "pip install -r requirements.txt",
@@ -196,6 +201,7 @@ def check_torch() -> Result:
     pin = _torch_pin()
     try:
         torch = importlib.import_module("torch")
+        torch.__version__, torch.float32, torch.version     # an empty or shadowing module fails
     except Exception as exc:      # ImportError, or a broken install raising anything else
         return Result("torch", FAIL, "torch.missing",
                       dict(error=f"{type(exc).__name__}: {exc}", pin=pin or "2.13.0"), fix=True)
@@ -224,20 +230,27 @@ def font_files(font_dir: Path | None = None) -> list[Path]:
 
 
 def check_font(font_dir: Path | None = None) -> Result:
-    """The bundled font: present, resolved by matplotlib's font manager by its family name
-    (after ``addfont``, as the package registers it), and holding a glyph for 都."""
+    """The bundled font: present, every file readable by FreeType (a missing or damaged file of
+    the set is a FAIL line, never a traceback), resolved by matplotlib's font manager by its
+    family name (after ``addfont``, as the package registers it), and holding a glyph for 都."""
     files = font_files(font_dir)
     shown = Path(font_dir or os.environ.get("TOKENFLOW_FONT_DIR") or FONT_DIR)
     if not files:
         return Result("font", FAIL, "font.missing", dict(dir=shown), fix=True)
-    try:     # the package's own registration, where it has one (tokenflow.viz.fonts)
-        importlib.import_module("tokenflow.viz.fonts")
-    except ImportError:
-        pass
-    from matplotlib import font_manager
-    from matplotlib.ft2font import FT2Font
     path = files[0]
     family = path.stem
+    import tokenflow
+    try:
+        # the package's own registration (tokenflow.viz.fonts; it needs torch, so only when
+        # torch works) raises on a missing or damaged file of the set
+        if tokenflow._TORCH_PROBLEM is None:
+            importlib.import_module("tokenflow.viz.fonts")
+        from matplotlib.ft2font import FT2Font
+        for f in files:
+            FT2Font(str(f))                    # FreeType opens every file of the set
+    except Exception as exc:
+        return Result("font", FAIL, "font.damaged", dict(error=exc), fix=True)
+    from matplotlib import font_manager
     try:
         font_manager.fontManager.addfont(str(path))
         family = font_manager.FontProperties(fname=str(path)).get_name()
