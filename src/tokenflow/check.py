@@ -239,11 +239,10 @@ def check_font(font_dir: Path | None = None) -> Result:
         return Result("font", FAIL, "font.missing", dict(dir=shown), fix=True)
     path = files[0]
     family = path.stem
-    import tokenflow
     try:
         # the package's own registration (tokenflow.viz.fonts; it needs torch, so only when
         # torch works) raises on a missing or damaged file of the set
-        if tokenflow._TORCH_PROBLEM is None:
+        if check_torch().status != FAIL:
             importlib.import_module("tokenflow.viz.fonts")
         from matplotlib.ft2font import FT2Font
         for f in files:
