@@ -44,7 +44,7 @@ used = font_manager.findfont(font_manager.FontProperties())
 assert str(FONT_DIR) in used, used
 print("model, greedy token and a figure in the bundled font: ok")
 EOF
-"$DIR/venv/bin/jupyter" nbconvert --to notebook --execute notebooks/00_token_flow.ipynb \
+"$DIR/venv/bin/jupyter" nbconvert --to notebook --execute --ExecutePreprocessor.timeout=120 notebooks/00_token_flow.ipynb \
     --output "$DIR/00_token_flow.ipynb" >/dev/null
 echo "notebooks/00_token_flow.ipynb executed headless: ok"
 echo "without make: all checks passed in $(( $(date +%s) - start )) s (venv: $DIR/venv)"
