@@ -21,6 +21,19 @@ def _depth_name(depth: int) -> str:
 
 
 # --------------------------------------------------------------------- chapter 06 (F6)
+def _check_lens(lens, position: int, batch: int) -> None:
+    """ValueError unless ``lens`` is ``[L+1, B, S, V]`` with ``position`` in ``[-S, S)`` and
+    ``batch`` in ``[0, B)``: the one check every function here makes."""
+    if getattr(lens, "dim", lambda: 0)() != 4:
+        raise ValueError(f"lens must be a [L+1, B, S, V] tensor, got "
+                         f"{getattr(lens, 'shape', lens)}")
+    _, B, S, _ = lens.shape
+    if not -S <= position < S:
+        raise ValueError(f"position must be in [{-S}, {S - 1}], got {position}")
+    if not 0 <= batch < B:
+        raise ValueError(f"batch must be in [0, {B - 1}], got {batch}")
+
+
 def logit_lens_heatmap(lens, tokenizer, tokens: list[str], batch: int = 0, title: str = ""):
     """The logit lens as a grid: one row per depth (embedding, after block 0, ...), one column
     per position; each cell names the top token read at that depth and position, shaded by
@@ -39,8 +52,7 @@ def logit_lens_heatmap(lens, tokenizer, tokens: list[str], batch: int = 0, title
         ValueError: if ``lens`` is not 4-D or ``tokens`` has not ``S`` entries.
     """
     from matplotlib.colors import LinearSegmentedColormap
-    if getattr(lens, "dim", lambda: 0)() != 4:
-        raise ValueError(f"lens must be a [L+1, B, S, V] tensor, got {getattr(lens, 'shape', lens)}")
+    _check_lens(lens, -1, batch)
     if len(tokens) != lens.shape[2]:
         raise ValueError(f"tokens must have {lens.shape[2]} entries, got {len(tokens)}")
     probs = lens[:, batch].float().softmax(-1)                         # [L+1, S, V]
@@ -79,11 +91,10 @@ def logit_lens_topk(lens, tokenizer, depth: int, position: int, token_ids=(), k:
     from tokenflow.analysis.logit_lens import token_rank
 
     from .fmt import pad
+    _check_lens(lens, position, batch)
     n_depth, _, S, _ = lens.shape
     if not 0 <= depth < n_depth:
         raise ValueError(f"depth must be in [0, {n_depth - 1}], got {depth}")
-    if not -S <= position < S:
-        raise ValueError(f"position must be in [{-S}, {S - 1}], got {position}")
     logits = lens[depth, batch, position]                              # [V]
     p = logits.float().softmax(-1)
     lines = [f"depth {depth} ({_depth_name(depth)}), position {position % S}: top {k}"]
@@ -143,11 +154,8 @@ def logit_lens_by_depth(lens, tokenizer, token_ids, position: int = -1, batch: i
 
     from .fmt import Table
     from .moe import prob_text
+    _check_lens(lens, position, batch)
     n_depth, B, S, V = lens.shape
-    if not -S <= position < S:
-        raise ValueError(f"position must be in [{-S}, {S - 1}], got {position}")
-    if not 0 <= batch < B:
-        raise ValueError(f"batch must be in [0, {B - 1}], got {batch}")
     rows = []
     for depth in range(n_depth):
         x = lens[depth, batch, position]                                  # [V]
@@ -160,17 +168,6 @@ def logit_lens_by_depth(lens, tokenizer, token_ids, position: int = -1, batch: i
     names = [tokenizer.id_to_token(t) for t in token_ids]
     cols = ["depth", "reads", "top token"] + [c for n in names for c in (f"rank {n}", f"p({n})")]
     return Table(rows, cols, align="<<<" + ">" * 2 * len(names), title=title)
-
-
-def _check_lens(lens, position: int, batch: int) -> None:
-    if getattr(lens, "dim", lambda: 0)() != 4:
-        raise ValueError(f"lens must be a [L+1, B, S, V] tensor, got "
-                         f"{getattr(lens, 'shape', lens)}")
-    _, B, S, _ = lens.shape
-    if not -S <= position < S:
-        raise ValueError(f"position must be in [{-S}, {S - 1}], got {position}")
-    if not 0 <= batch < B:
-        raise ValueError(f"batch must be in [0, {B - 1}], got {batch}")
 
 
 def logit_lens_summary(lens, tokenizer, token_id: int, position: int = -1,
