@@ -295,7 +295,8 @@ def roofline(config: ModelConfig, hw: HardwareSpec, phase: str, batch: int, cont
 
     Returns:
         dict: ``flops``, ``attention_flops`` (the part charged at ``attention_dtype``),
-        ``memory_bytes``, ``scale_up_bytes``, ``scale_out_bytes``, ``compute_s``, ``memory_s``, ``comm_s`` (the longer link), ``scale_up_s``,
+        ``memory_bytes``, ``scale_up_bytes``, ``scale_out_bytes``, ``compute_s``,
+        ``memory_s``, ``comm_s`` (the longer link), ``scale_up_s``,
         ``scale_out_s``, ``step_s`` (max of compute, memory, comm),
         ``serial_s`` (their sum), ``bound`` (which one is the max), ``tokens_per_s`` (new
         tokens per second on this device).
@@ -329,7 +330,8 @@ def roofline(config: ModelConfig, hw: HardwareSpec, phase: str, batch: int, cont
     times = {"compute_s": compute, "memory_s": mem / hw.memory_bandwidth,
              "comm_s": max(links.values())}
     step = max(times.values())
-    return dict(flops=flops, attention_flops=attn, memory_bytes=mem, scale_up_bytes=up, scale_out_bytes=out,
+    return dict(flops=flops, attention_flops=attn, memory_bytes=mem, scale_up_bytes=up,
+                scale_out_bytes=out,
                 **times, **links, step_s=step, serial_s=sum(times.values()),
                 bound=max(times, key=times.get)[:-2], tokens_per_s=T / step)
 
