@@ -174,7 +174,9 @@ class PagedKVCache(CacheStorage):
         """
         self._check_batch(block_tables, num_cached, num_new)
         B = len(block_tables)
-        self._tables = self._table_tensor(block_tables)                 # [B, blocks]
+        width = max(len(t) for t in block_tables)         # short tables padded with block 0
+        self._tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables],
+                                    device=self.device)                 # [B, blocks]
         self.num_real = torch.tensor(num_cached, device=self.device)   # [B]
         self._num_new = torch.tensor(num_new, device=self.device)      # [B]
         self.batch_size = B
@@ -236,12 +238,6 @@ class PagedKVCache(CacheStorage):
             step.rows[heads] = (torch.tensor(block_rows(blocks, heads), device=dev),
                                 pool_rows(slot_mapping, heads, bs).T.reshape(-1))
         return step
-
-    def _table_tensor(self, block_tables: list[list[int]]) -> torch.Tensor:
-        """The block tables as one ``[n, max blocks]`` tensor (short ones padded with 0)."""
-        width = max(len(t) for t in block_tables)
-        return torch.tensor([t + [0] * (width - len(t)) for t in block_tables],
-                            device=self.device)
 
     # ---------------------------------------------------------------- the interface
     def begin_step(self, attention_mask: torch.Tensor | None, batch_size: int, S: int
