@@ -44,7 +44,6 @@ import html
 import io
 import json
 import math
-import os
 import posixpath
 import re
 import shutil
@@ -567,13 +566,14 @@ def pdf_page_count(pdf: bytes) -> int:
     return len(re.findall(rb"/Type\s*/Page[^s]", pdf))
 
 
-def _chromium() -> str | None:
-    """$TOKENFLOW_CHROMIUM, else ``chromium`` on PATH (as tests/conftest.py ``find_chromium``);
-    None: Playwright's own build."""
-    if os.environ.get("TOKENFLOW_CHROMIUM"):
-        return os.environ["TOKENFLOW_CHROMIUM"]
-    return shutil.which("chromium") or (
-        "/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else None)
+def _chromium(playwright_executable: str | None = None) -> str | None:
+    """scripts/chromium.py's :func:`find_chromium`, the lookup the browser tests use."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tokenflow_chromium",
+                                                  ROOT / "scripts" / "chromium.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.find_chromium(playwright_executable)
 
 
 def handout(root: Path = ROOT, out: Path | None = None) -> list[Path]:
@@ -590,7 +590,8 @@ def handout(root: Path = ROOT, out: Path | None = None) -> list[Path]:
         raise FileNotFoundError(f"no {root / '_build/html/slides/handout.html'}: run `make book` first")
     written = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        browser = p.chromium.launch(executable_path=_chromium(p.chromium.executable_path),
+                                    args=["--no-sandbox"])
         page = browser.new_page()
         for html_path, pdf_path in jobs:
             start = time.perf_counter()

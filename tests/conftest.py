@@ -250,16 +250,11 @@ CHROMIUM_HELP = (
 
 
 def find_chromium(playwright_executable: str | None = None) -> str | None:
-    """The Chromium the browser tests use: $TOKENFLOW_CHROMIUM if set (None if no such file),
-    else ``chromium`` on PATH, /usr/bin/chromium, then ``playwright_executable`` (Playwright's
-    own build, if installed); None if there is none."""
-    import os
-    import shutil
+    """scripts/chromium.py's :func:`find_chromium` (one lookup for the tests and the handout)."""
+    import importlib.util
     from pathlib import Path
-    if os.environ.get("TOKENFLOW_CHROMIUM"):            # the reader's choice, and only it
-        exe = os.environ["TOKENFLOW_CHROMIUM"]
-        return exe if Path(exe).is_file() else None
-    for exe in (shutil.which("chromium"), "/usr/bin/chromium", playwright_executable):
-        if exe and Path(exe).is_file():
-            return str(exe)
-    return None
+    path = Path(__file__).resolve().parents[1] / "scripts" / "chromium.py"
+    spec = importlib.util.spec_from_file_location("tokenflow_chromium", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.find_chromium(playwright_executable)
