@@ -413,7 +413,7 @@ def test_mqa_and_sliding_layers_keep_the_floor():
         assert kv_cache_bytes(mqa, 1, 32, tp_size=tp) == one
     win = preset("tiny-dense", sliding_window=8, num_key_value_heads=2)
     assert kv_cache_bytes(win, 1, 32, tp_size=4) == kv_cache_bytes(win, 1, 32, tp_size=2) \
-        == kv_cache_bytes(win, 1, 32) // 2 == 3 * 8 * 2 * 16 * 2
+        == kv_cache_bytes(win, 1, 32) // 2 == 3 * 8 * 2 * 32 * 2
     with pytest.raises(ValueError, match="tp_size"):
         kv_cache_bytes(win, 1, 32, tp_size=3)            # neither divides the other
     # MLA's latent is replicated on every device whatever tp

@@ -115,7 +115,7 @@ def test_save_load_keeps_several_eos(tmp_path):
 def free_run():
     """A random model's greedy continuation of 2 prompts with no EOS stop."""
     from conftest import wide_random_model
-    m = wide_random_model(3)
+    m = wide_random_model(4)
     ids = torch.tensor([[5, 9, 11, 4], [8, 3, 3, 20]])
     out = generate(m, ids, 8, stop_at_eos=False)[:, 4:]
     return m, ids, out

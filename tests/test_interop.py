@@ -358,7 +358,7 @@ def test_package_imports_without_transformers(monkeypatch):
     fresh = importlib.import_module("tokenflow.interop")
     assert fresh.hf_architecture(preset("tiny")) == "qwen2_moe"
     sd = fresh.state_dict_to_hf(TokenFlowModel(preset("tiny")))        # pure tensor work
-    assert sd["model.layers.1.mlp.experts.gate_up_proj"].shape == (8, 128, 64)
+    assert sd["model.layers.1.mlp.experts.gate_up_proj"].shape == (8, 256, 128)
     with pytest.raises(ImportError):
         fresh.to_hf_config(preset("tiny"))
 

@@ -409,15 +409,17 @@ _COST_ONLY = ("attention_bias", "attention_out_bias", "qk_norm", "attention_sink
 
 
 PRESETS: dict[str, dict] = {
-    # The shared tiny model every chapter loads: 2 blocks, first dense, second MoE with
-    # 8 routed experts (top-2) and 1 shared expert. Trained by ``python -m tokenflow.train``.
-    "tiny": dict(vocab_size=512, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                 num_key_value_heads=2, intermediate_size=192, moe_intermediate_size=64,
+    # The shared tiny model every chapter loads: 3 blocks, the first dense, the others MoE with
+    # 8 routed experts (top-2) and 1 shared expert. 4 query heads share 2 KV heads of head_dim
+    # 32: the smallest head size vLLM's CPU attention takes (hidden = heads x head_dim, as
+    # vLLM's Qwen2-MoE derives it). Trained by ``python -m tokenflow.train``.
+    "tiny": dict(vocab_size=512, hidden_size=128, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=384, moe_intermediate_size=128,
                  num_experts=8, num_experts_per_tok=2, num_shared_experts=1,
                  first_k_dense_replace=1, max_position_embeddings=128, name="tiny"),
     # Same shape, dense FFN everywhere (maps onto LlamaForCausalLM).
-    "tiny-dense": dict(vocab_size=512, hidden_size=64, num_hidden_layers=3,
-                       num_attention_heads=4, num_key_value_heads=2, intermediate_size=192,
+    "tiny-dense": dict(vocab_size=512, hidden_size=128, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=2, intermediate_size=384,
                        num_experts=0, num_experts_per_tok=0, num_shared_experts=0,
                        max_position_embeddings=128, name="tiny-dense"),
     # A larger preset for benchmarks (hidden 512, 8 layers, Mixtral-style MoE).
