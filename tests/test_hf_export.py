@@ -104,3 +104,56 @@ def test_shipped_model_exports(pretrained, tmp_path):
         mine, theirs = model(ids)[0, -1], hf(ids).logits[0, -1]
     assert (mine - theirs).abs().max().item() <= ATOL
     assert int(mine.argmax()) == int(theirs.argmax())
+
+
+@pytest.mark.parametrize("head_dim,ok", [(16, False), (24, False), (32, True), (48, False),
+                                         (64, True), (80, True), (128, True)])
+def test_export_refuses_head_sizes_vllm_cpu_cannot_run(tokenizer, tmp_path, head_dim, ok):
+    """vLLM 0.32's CPU attention runs head sizes 32, 64, 80, ... 256, 512 only (cpu_attn.py):
+    the export names the field and the sizes, and check_vllm=False writes it anyway."""
+    cfg = dict(vocab_size=tokenizer.vocab_size, num_attention_heads=2, num_key_value_heads=1,
+               hidden_size=2 * head_dim, head_dim=head_dim)
+    m = TokenFlowModel(preset("tiny-dense", **cfg)).eval()
+    if ok:
+        assert (save_hf_checkpoint(m, tmp_path, tokenizer) / "config.json").exists()
+        return
+    with pytest.raises(ValueError, match=rf"head_dim {head_dim} .*32, 64, 80.*check_vllm=False"):
+        save_hf_checkpoint(m, tmp_path, tokenizer)
+    assert not (tmp_path / "config.json").exists()          # refused before writing anything
+    folder = save_hf_checkpoint(m, tmp_path, tokenizer, check_vllm=False)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = torch.tensor([tokenizer.encode(TEXTS[0])])
+    with torch.no_grad():
+        assert (m(ids) - hf(ids).logits).abs().max().item() <= ATOL
+
+
+def test_export_refuses_an_mla_latent_vllm_cpu_cannot_run(tokenizer, tmp_path):
+    mla = dict(vocab_size=tokenizer.vocab_size, kv_lora_rank=16, qk_rope_head_dim=8,
+               qk_nope_head_dim=8, v_head_dim=8, head_dim=8)
+    with pytest.raises(ValueError, match=r"kv_lora_rank \+ qk_rope_head_dim = 16 \+ 8 = 24"):
+        save_hf_checkpoint(TokenFlowModel(preset("tiny-dense", **mla)), tmp_path, tokenizer)
+    with pytest.raises(TypeError, match="check_vllm"):
+        save_hf_checkpoint(TokenFlowModel(preset("tiny-dense")), tmp_path, tokenizer,
+                           check_vllm="no")
+
+
+def test_qwen2_moe_export_writes_zero_qkv_biases(exported):
+    """vLLM's Qwen2MoeAttention always has q/k/v biases and leaves missing ones uninitialised:
+    the folder holds them, zero, with qkv_bias true; the Llama export has none."""
+    from safetensors.torch import load_file
+    ours, _, _, folder = exported
+    cfg = json.loads((folder / "config.json").read_text())
+    sd = load_file(folder / "model.safetensors")
+    biases = {k: v for k, v in sd.items() if k.endswith("_proj.bias")}
+    if ours.config.name == "tiny-dense":
+        assert not biases and not cfg.get("attention_bias")
+        return
+    assert cfg["qkv_bias"] is True
+    c = ours.config
+    rows = {"q_proj": c.num_attention_heads * c.head_dim, "k_proj": c.num_key_value_heads * c.head_dim,
+            "v_proj": c.num_key_value_heads * c.head_dim}
+    assert sorted(biases) == sorted(f"model.layers.{i}.self_attn.{n}.bias"
+                                    for i in range(c.num_hidden_layers) for n in rows)
+    for k, v in biases.items():
+        assert v.shape == (rows[k.split(".")[-2]],) and v.dtype == torch.float32
+        assert v.abs().max().item() == 0.0

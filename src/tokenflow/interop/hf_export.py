@@ -23,6 +23,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from .hf_models import hf_architecture, state_dict_to_hf, to_hf_config
+from .vllm_peer import vllm_problem
 from tokenflow.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 __all__ = ["save_hf_checkpoint"]
@@ -55,15 +56,18 @@ def _write_tokenizer(tokenizer: Tokenizer, folder: Path, max_len: int) -> None:
 
 
 def save_hf_checkpoint(model, folder: str | Path, tokenizer: Tokenizer | None = None,
-                       architecture: str | None = None) -> Path:
+                       architecture: str | None = None, check_vllm: bool = True) -> Path:
     """Write ``model`` (and its tokenizer) as a Hugging Face checkpoint folder.
 
     Args:
         model: a :class:`~tokenflow.model.transformer.TokenFlowModel` (weights saved in its dtype).
         folder: directory to write (created if missing; files in it are overwritten).
         tokenizer: a :class:`~tokenflow.tokenizer.Tokenizer`; default the shipped one.
-        architecture: ``"llama"``, ``"mixtral"`` or ``"qwen2_moe"``; default
-            :func:`tokenflow.interop.hf_architecture`.
+        architecture: ``"llama"``, ``"mixtral"``, ``"qwen2_moe"`` or ``"deepseek_v3"``;
+            default :func:`tokenflow.interop.hf_architecture`.
+        check_vllm: refuse a model whose attention vLLM's CPU build cannot run
+            (:func:`tokenflow.interop.vllm_peer.vllm_problem`: head sizes, the MLA latent);
+            ``False`` writes it anyway (transformers still loads it).
 
     Returns:
         the folder's ``Path``. ``AutoModelForCausalLM.from_pretrained(folder)`` gives logits
@@ -73,11 +77,17 @@ def save_hf_checkpoint(model, folder: str | Path, tokenizer: Tokenizer | None = 
     Raises:
         ValueError: no HF family expresses the config (see ``hf_architecture``); the
             tokenizer is larger than ``vocab_size`` or its special ids differ from the
-            config's.
+            config's; with ``check_vllm``, an attention shape vLLM's CPU kernels refuse.
         ImportError: if ``transformers`` is not installed.
     """
     from transformers import GenerationConfig
     config = model.config
+    if not isinstance(check_vllm, bool):
+        raise TypeError(f"check_vllm must be a bool, got {check_vllm!r}")
+    problem = vllm_problem(config) if check_vllm else None
+    if problem:
+        raise ValueError(f"{problem}; pass check_vllm=False to write the checkpoint anyway "
+                         f"(transformers loads it, vLLM's CPU build does not)")
     arch = architecture or hf_architecture(config)
     tokenizer = tokenizer if tokenizer is not None else Tokenizer.from_file()
     _check_tokenizer(config, tokenizer)

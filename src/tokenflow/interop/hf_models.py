@@ -33,6 +33,10 @@ Weight layout differences handled here (everything else is a rename ``x`` -> ``m
   produce the RoPE slice (``q_proj`` / ``q_b_proj`` per head, ``kv_a_proj_with_mqa``'s last
   ``qk_rope_head_dim`` rows) to ``evens, odds`` makes the two equal: HF's rotated output is
   already in that order. :func:`moe_to_hf` also maps a single MoE block onto ``DeepseekV3MoE``.
+* Qwen2-MoE attention has q/k/v biases (``qkv_bias``, default ``True`` in ``Qwen2MoeConfig``;
+  vLLM's ``Qwen2MoeAttention`` builds them whatever the config says and leaves a bias the
+  checkpoint lacks uninitialised). The export writes ``qkv_bias=True`` and zero biases, so HF
+  and vLLM compute exactly our bias-free attention.
 
 Sources: ``transformers`` 5.x ``models/{llama,mixtral,qwen2_moe,deepseek_v3}/modeling_*.py``.
 ``transformers`` is imported lazily inside the functions that need it (a test dependency;
@@ -211,7 +215,7 @@ def to_hf_config(config: ModelConfig, architecture: str | None = None):
                   shared_expert_intermediate_size=c.moe_intermediate_size * c.num_shared_experts,
                   num_experts=c.num_experts, num_experts_per_tok=c.num_experts_per_tok,
                   norm_topk_prob=c.norm_topk_prob, decoder_sparse_step=1,
-                  mlp_only_layers=list(range(c.first_k_dense_replace)), qkv_bias=False,
+                  mlp_only_layers=list(range(c.first_k_dense_replace)), qkv_bias=True,
                   use_sliding_window=False)
     else:
         kw = _deepseek_v3_fields(c)
@@ -406,8 +410,22 @@ def state_dict_to_hf(model: TokenFlowModel | Mapping[str, torch.Tensor],
         if config.layer_is_moe(i):
             sub = _moe_to_hf_tensors(_getter(sd, f"layers.{i}.mlp."), config.num_experts, arch)
             out.update({f"model.layers.{i}.mlp.{k}": v for k, v in sub.items()})
+    if arch == "qwen2_moe":
+        out.update(_zero_qkv_biases(config, out))
     if config.is_mla:
         _reorder_rope(out, config, "model.", to_hf=True)
+    return out
+
+
+def _zero_qkv_biases(config: ModelConfig, hf: Mapping[str, torch.Tensor]) -> dict:
+    """Zero ``self_attn.{q,k,v}_proj.bias`` of every layer (Qwen2-MoE's ``qkv_bias``), each
+    ``[rows of its weight]`` in that weight's dtype."""
+    out = {}
+    for i in range(config.num_hidden_layers):
+        for n in ("q_proj", "k_proj", "v_proj"):
+            w = hf[f"model.layers.{i}.self_attn.{n}.weight"]
+            out[f"model.layers.{i}.self_attn.{n}.bias"] = torch.zeros(w.shape[0], dtype=w.dtype,
+                                                                      device=w.device)
     return out
 
 
