@@ -108,7 +108,8 @@ def test_each_exported_family_gives_our_greedy_tokens(arch, shipped, tmp_path):
     ours = [generate(model, torch.tensor([p]), n, stop_at_eos=False)[0, len(p):].tolist()
             for p, n in zip(prompts, news)]
     settings = dict(PEER_ENGINE_ARGS, max_model_len=model.config.max_position_embeddings,
-                    threads=1, attention_backend="CPU_MLA" if arch == "deepseek_v3" else None)
+                    threads=1, enforce_eager=True,
+                    attention_backend="CPU_MLA" if arch == "deepseek_v3" else None)
     with VLLMProcess(folder, settings) as peer:
         theirs = [o["token_ids"] for o in peer.run(prompts, news, logprobs=False)["outputs"]]
     assert theirs == ours

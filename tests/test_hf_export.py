@@ -21,9 +21,23 @@ def tokenizer():
     return Tokenizer.from_file()
 
 
+FAMILIES = {   # fixture param -> (preset, overrides, the HF class the export names)
+    "tiny": ("tiny", {}, "Qwen2MoeForCausalLM"),
+    "tiny-dense": ("tiny-dense", {}, "LlamaForCausalLM"),
+    "mixtral": ("tiny", dict(num_shared_experts=0, first_k_dense_replace=0),
+                "MixtralForCausalLM"),
+    "deepseek_v3": ("tiny", dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32,
+                                 v_head_dim=32, head_dim=64, scoring_func="sigmoid", n_group=2,
+                                 topk_group=1, routed_scaling_factor=2.5),
+                    "DeepseekV3ForCausalLM"),
+}
+
+
 def _model(name, tokenizer, seed=0):
-    """Random model of a preset whose vocabulary fits the shipped tokenizer."""
-    m = TokenFlowModel(preset(name, vocab_size=tokenizer.vocab_size))
+    """Random model of a family (:data:`FAMILIES`) whose vocabulary fits the shipped
+    tokenizer."""
+    base, overrides, _ = FAMILIES[name]
+    m = TokenFlowModel(preset(base, vocab_size=tokenizer.vocab_size, **overrides))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in m.parameters():
@@ -32,12 +46,13 @@ def _model(name, tokenizer, seed=0):
     return m
 
 
-@pytest.fixture(scope="module", params=["tiny", "tiny-dense"])
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
 def exported(request, tokenizer, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("HF_HUB_OFFLINE", "1")
     mp.setenv("TRANSFORMERS_OFFLINE", "1")
     ours = _model(request.param, tokenizer).eval()
+    ours.config = ours.config.replace(name=request.param)
     folder = save_hf_checkpoint(ours, tmp_path_factory.mktemp(request.param), tokenizer)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
@@ -51,9 +66,37 @@ def test_folder_contents(exported):
     assert {"config.json", "model.safetensors", "tokenizer.json",
             "tokenizer_config.json"} <= names
     cfg = json.loads((folder / "config.json").read_text())
-    expected = {"tiny": "Qwen2MoeForCausalLM", "tiny-dense": "LlamaForCausalLM"}
-    assert cfg["architectures"] == [expected[ours.config.name]]
-    assert type(hf).__name__ == expected[ours.config.name]
+    expected = FAMILIES[ours.config.name][2]
+    assert cfg["architectures"] == [expected]
+    assert type(hf).__name__ == expected
+
+
+def test_experts_stored_as_published_checkpoints_store_them(exported):
+    """One tensor per expert, under the names vLLM's loaders read (Mixtral's
+    block_sparse_moe.experts.{j}.w1/w2/w3; experts.{j}.*_proj for Qwen2-MoE and DeepSeek-V3),
+    each equal to our expert's matrix; no fused [E, ...] expert tensor."""
+    from safetensors.torch import load_file
+    ours, _, _, folder = exported
+    sd = load_file(folder / "model.safetensors")
+    assert not [k for k in sd if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    c = ours.config
+    for i in range(c.num_hidden_layers):
+        if not c.layer_is_moe(i):
+            continue
+        mlp = ours.layers[i].mlp
+        for j in range(c.num_experts):
+            e = mlp.experts[j]
+            if ours.config.name == "mixtral":
+                pre = f"model.layers.{i}.block_sparse_moe.experts.{j}."
+                names = {"w1": e.gate_proj, "w3": e.up_proj, "w2": e.down_proj}
+            else:
+                pre = f"model.layers.{i}.mlp.experts.{j}."
+                names = {"gate_proj": e.gate_proj, "up_proj": e.up_proj,
+                         "down_proj": e.down_proj}
+            for n, lin in names.items():
+                assert torch.equal(sd[pre + n + ".weight"], lin.weight), pre + n
+        gate = ("block_sparse_moe" if ours.config.name == "mixtral" else "mlp") + ".gate.weight"
+        assert torch.equal(sd[f"model.layers.{i}.{gate}"], mlp.gate.weight)
 
 
 def test_logits_equal_ours(exported, tokenizer):
@@ -139,14 +182,14 @@ def test_export_refuses_an_mla_latent_vllm_cpu_cannot_run(tokenizer, tmp_path):
 
 def test_qwen2_moe_export_writes_zero_qkv_biases(exported):
     """vLLM's Qwen2MoeAttention always has q/k/v biases and leaves missing ones uninitialised:
-    the folder holds them, zero, with qkv_bias true; the Llama export has none."""
+    the folder holds them, zero, with qkv_bias true; the other families' exports have none."""
     from safetensors.torch import load_file
     ours, _, _, folder = exported
     cfg = json.loads((folder / "config.json").read_text())
     sd = load_file(folder / "model.safetensors")
     biases = {k: v for k, v in sd.items() if k.endswith("_proj.bias")}
-    if ours.config.name == "tiny-dense":
-        assert not biases and not cfg.get("attention_bias")
+    if ours.config.name != "tiny":
+        assert not biases and not cfg.get("attention_bias") and not cfg.get("qkv_bias")
         return
     assert cfg["qkv_bias"] is True
     c = ours.config

@@ -6,7 +6,10 @@ Hugging Face checkpoints (vLLM, SGLang) read too:
 
 * ``config.json``: :func:`tokenflow.interop.to_hf_config` (Llama, Mixtral or Qwen2-MoE);
 * ``generation_config.json``: the special token ids;
-* ``model.safetensors``: :func:`tokenflow.interop.state_dict_to_hf` (HF names and layout);
+* ``model.safetensors``: :func:`tokenflow.interop.state_dict_to_hf`'s tensors in the layout of
+  the family's published checkpoints (:func:`checkpoint_layout`: one tensor per expert, and
+  Mixtral's ``block_sparse_moe.experts.{j}.w1/w2/w3``), which vLLM's loaders read and
+  transformers converts to its fused experts on load;
 * ``tokenizer.json`` (the ``tokenizers`` file of our BPE tokenizer) and
   ``tokenizer_config.json`` (``PreTrainedTokenizerFast`` with ``<bos>``, ``<eos>``,
   ``<pad>``, ``<unk>`` and ``split_special_tokens: true``, so that text spelling ``<eos>``
@@ -26,7 +29,46 @@ from .hf_models import hf_architecture, state_dict_to_hf, to_hf_config
 from .vllm_peer import vllm_problem
 from tokenflow.tokenizer import SPECIAL_TOKENS, Tokenizer
 
-__all__ = ["save_hf_checkpoint"]
+__all__ = ["save_hf_checkpoint", "checkpoint_layout"]
+
+_MIXTRAL_EXPERT = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
+"""Mixtral's published names for an expert's three matrices."""
+
+
+def checkpoint_layout(weights: dict, arch: str) -> dict:
+    """HF runtime tensors (``experts.gate_up_proj [E, 2I, H]``, ``experts.down_proj
+    [E, H, I]``, as :func:`state_dict_to_hf` gives) as the family's checkpoints store them:
+    ``experts.{j}.{gate,up,down}_proj.weight`` (Qwen2-MoE, DeepSeek-V3) or, for Mixtral,
+    ``block_sparse_moe.experts.{j}.{w1,w3,w2}.weight`` and ``block_sparse_moe.gate``.
+
+    Sources: transformers 5 ``conversion_mapping.py`` (the ``mixtral`` and ``qwen2_moe``
+    entries, used for DeepSeek-V3 too, undo exactly this on load); vLLM 0.32
+    ``models/mixtral.py`` / ``qwen2_moe.py`` / ``deepseek_v2.py`` ``load_weights``.
+    """
+    out = {}
+    for k, v in weights.items():
+        if k.endswith(".experts.gate_up_proj"):
+            stem = k[:-len("gate_up_proj")]
+            gate, up = v.chunk(2, dim=1)                        # [E, I, H] each
+            for j in range(v.shape[0]):
+                out[f"{stem}{j}.gate_proj.weight"] = gate[j]
+                out[f"{stem}{j}.up_proj.weight"] = up[j]
+        elif k.endswith(".experts.down_proj"):
+            stem = k[:-len("down_proj")]
+            for j in range(v.shape[0]):
+                out[f"{stem}{j}.down_proj.weight"] = v[j]
+        else:
+            out[k] = v
+    if arch != "mixtral":
+        return out
+    renamed = {}
+    for k, v in out.items():
+        if ".mlp.experts." in k or k.endswith(".mlp.gate.weight"):
+            k = k.replace(".mlp.", ".block_sparse_moe.")
+            for ours, theirs in _MIXTRAL_EXPERT.items():
+                k = k.replace(f".{ours}.weight", f".{theirs}.weight")
+        renamed[k] = v
+    return renamed
 
 
 def _check_tokenizer(config, tokenizer: Tokenizer) -> None:
@@ -97,7 +139,7 @@ def save_hf_checkpoint(model, folder: str | Path, tokenizer: Tokenizer | None = 
     hf_config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     hf_config.save_pretrained(folder)
     GenerationConfig.from_model_config(hf_config).save_pretrained(folder)
-    weights = state_dict_to_hf(model, None, arch)
+    weights = checkpoint_layout(state_dict_to_hf(model, None, arch), arch)
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight")                  # HF ties it to the embedding on load
     weights = {k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()}

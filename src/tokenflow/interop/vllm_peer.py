@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,12 +69,16 @@ def _cpu_bind(threads: int) -> str:
 def make_llm(folder: str | Path, *, block_size: int, num_blocks: int, max_num_seqs: int,
              max_num_batched_tokens: int, max_model_len: int,
              enable_prefix_caching: bool = True, threads: int = 1, dtype: str = "float32",
-             attention_backend: str | None = None):
+             attention_backend: str | None = None, enforce_eager: bool = False):
     """vLLM's offline ``LLM`` on the CPU with the settings of
     :class:`tokenflow.serving.LLMEngine`: chunked prefill on, ``num_blocks`` usable blocks
     (vLLM keeps one more as its null block), ``threads`` cores (``VLLM_CPU_OMP_THREADS_BIND``).
 
-    Call it under ``if __name__ == "__main__":`` (vLLM starts processes).
+    ``attention_backend``: a name of vLLM's ``AttentionBackendEnum`` (e.g. ``"CPU_MLA"``, the
+    fp32-capable MLA kernel; where the CPU has AMX, vLLM otherwise picks its bf16-only one).
+    ``enforce_eager``: skip vLLM's ``torch.compile`` of the model (a faster start; the
+    default compiles, as a deployment would). Call it under ``if __name__ == "__main__":``
+    (vLLM starts processes).
 
     Raises:
         ImportError: vLLM is not installed (``make vllm``).
@@ -85,7 +90,7 @@ def make_llm(folder: str | Path, *, block_size: int, num_blocks: int, max_num_se
                max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                enable_prefix_caching=enable_prefix_caching, enable_chunked_prefill=True,
                num_gpu_blocks_override=num_blocks + 1, kv_cache_memory_bytes=256 << 20,
-               disable_log_stats=False, seed=0, **extra)
+               disable_log_stats=False, seed=0, enforce_eager=enforce_eager, **extra)
 
 
 def generate_greedy(llm, prompts: list[list[int]], max_new_tokens: list[int],
@@ -197,8 +202,15 @@ def start_vllm_server(folder: str | Path, port: int, *, python: str | None = Non
     raise RuntimeError(f"vLLM server gave no /health answer in {timeout_s:.0f} s: {_tail(log)}")
 
 
-def _tail(log: Path, n: int = 2000) -> str:
-    return log.read_text(encoding="utf-8", errors="replace")[-n:] if log.exists() else ""
+def _tail(log: Path, n: int = 1500) -> str:
+    """The log's error lines (``...Error: ...``, the root cause first) and its last ``n``
+    characters."""
+    if not log.exists():
+        return ""
+    text = log.read_text(encoding="utf-8", errors="replace")
+    errors = list(dict.fromkeys(m.group(0).strip() for m in
+                                re.finditer(r"\b\w*(?:Error|Exception): .*", text)))
+    return (f"errors in {log}: " + " | ".join(errors[:6]) + "\n... " if errors else "") + text[-n:]
 
 
 def stop_vllm_server(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:

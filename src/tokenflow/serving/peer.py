@@ -14,13 +14,58 @@ from .engine import LLMEngine
 from .request import SamplingParams
 from .workload import corpus_lines
 
-__all__ = ["PEER_ENGINE_ARGS", "peer_workload", "run_ours", "compare_runs"]
+__all__ = ["PEER_ENGINE_ARGS", "VLLM_COUNTERPARTS", "PEER_RUN", "peer_workload", "run_ours",
+           "compare_runs", "load_peer_run"]
 
 PEER_ENGINE_ARGS = dict(block_size=32, num_blocks=24, max_num_seqs=16,
                         max_num_batched_tokens=256)
 """The settings both engines share: 32-token blocks, a pool of 24 blocks (768 token slots:
 tight enough that the longest requests are preempted at times), up to 16 sequences and 256
 tokens per step (prompts longer than what is left of the budget are prefilled in chunks)."""
+
+
+VLLM_COUNTERPARTS = (
+    ("request.py: Request, SamplingParams", "what a request asks for and holds",
+     "Request; SamplingParams", "vllm/v1/request.py, vllm/sampling_params.py"),
+    ("block_manager.py: BlockManager, chain_hash",
+     "block pool, free list, reference counts, prefix-cache keys",
+     "BlockPool, FreeKVCacheBlockQueue, hash_block_tokens; KVCacheManager",
+     "vllm/v1/core/block_pool.py, kv_cache_utils.py, kv_cache_manager.py"),
+    ("scheduler.py: Scheduler.schedule",
+     "token budget, chunked prefill, preempting the newest request",
+     "Scheduler.schedule", "vllm/v1/core/sched/scheduler.py"),
+    ("runner.py, paged_kv_cache.py: the packed step",
+     "one flattened batch per step, block tables, K/V slot writes",
+     "GPUModelRunner._prepare_inputs (query_start_loc, slot_mapping), BlockTable; the CPU "
+     "attention backend", "vllm/v1/worker/gpu_model_runner.py (cpu_model_runner.py extends "
+     "it), block_table.py, vllm/v1/attention/backends/cpu_attn.py"),
+    ("sampler.py: sample_requests", "greedy, temperature, top-k / top-p, raw logprobs",
+     "Sampler", "vllm/v1/sample/sampler.py"),
+    ("engine.py: LLMEngine.step", "schedule -> run -> update, metrics",
+     "EngineCore.step (in a process of its own); LLMEngine and LLM, the front end",
+     "vllm/v1/engine/core.py, llm_engine.py, vllm/entrypoints/llm.py"),
+)
+"""``(our file: names, what it does, vLLM v1's counterpart, vLLM's files)`` per piece of
+:mod:`tokenflow.serving`, for a reader who opens vLLM next (vLLM 0.32; the files are
+checked to exist by ``peer/test_vllm.py``)."""
+
+PEER_RUN = "vllm_peer.json"
+"""The stored peer run in ``tokenflow/data`` (``scripts/vllm_peer.py --json``)."""
+
+
+def load_peer_run(path=None) -> dict:
+    """The stored run of :func:`peer_workload` through both engines (``scripts/vllm_peer.py
+    --json src/tokenflow/data/vllm_peer.json`` writes it; the book's venv has no vLLM).
+
+    Raises:
+        FileNotFoundError: no such file.
+    """
+    import json
+    from importlib import resources
+    if path is None:
+        path = resources.files("tokenflow") / "data" / PEER_RUN
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def peer_workload(tokenizer, num_requests: int = 48, seed: int = 0, min_prompt: int = 4,

@@ -16,6 +16,7 @@ is split by topic, one module per chapter theme:
 ``sampling``       chapter 04: vocabulary scores, temperature, top-k / top-p
 ``serving``        chapter 05: phases, batching, the engine timeline, steps and runs as tables
 ``packing``        chapter 05: one step and whole runs padded vs packed, preemptions
+``peer``           chapter 05: our engine next to vLLM on the same requests (stored run)
 ``lens``           chapter 06: the logit lens, its readings as tables and a sentence
 ``trace_tables``   chapters 00 and 06: trace events as tables
 ``roofline``       chapter 07: lenses and the roofline
@@ -51,6 +52,7 @@ from .serving import (phase_times_plot, decode_batch_plot, arithmetic_intensity_
                       step_table, batching_table, batching_times_table)
 from .packing import (step_layout, packed_step_figure, mark_preemptions, packing_table,
                       packing_summary, preemption_report)
+from .peer import peer_table, peer_summary, counterparts_table
 from .lens import (logit_lens_heatmap, logit_lens_topk, logit_lens_explorer, logit_lens_static,
                    logit_lens_by_depth, logit_lens_summary, logit_lens_compare,
                    logit_lens_answers)
@@ -90,5 +92,6 @@ __all__ = ["display_width", "pad", "format_bytes", "say", "Table", "agree", "Agr
            "roofline_static", "line_figure", "logit_lens_by_depth", "WEIGHT_PARTS",
            "step_bytes_table", "COLOUR_NAMES", "arrow_actions_table", "workload_summary",
            "step_table", "batching_table", "batching_times_table", "packing_table",
-           "packing_summary", "preemption_report", "logit_lens_summary", "logit_lens_compare",
+           "packing_summary", "preemption_report", "peer_table", "peer_summary",
+           "counterparts_table", "logit_lens_summary", "logit_lens_compare",
            "logit_lens_answers"]

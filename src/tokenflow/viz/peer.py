@@ -1,0 +1,53 @@
+"""Chapter 05: our engine next to vLLM's on the same requests (from the stored peer run)."""
+from __future__ import annotations
+
+from ..serving.peer import VLLM_COUNTERPARTS
+from .fmt import Table
+
+__all__ = ["peer_table", "peer_summary", "counterparts_table"]
+
+
+def peer_table(run: dict) -> Table:
+    """Both engines on the stored run (:func:`tokenflow.serving.peer.load_peer_run`): tokens
+    agreeing, the largest log-probability difference and each engine's counters."""
+    c, o, v, w = run["comparison"], run["ours"], run["vllm"], run["workload"]
+    same = (f"{c['identical_tokens']:,} of {c['num_tokens']:,} "
+            f"({c['identical_requests']} of {c['num_requests']} requests)")
+    rows = [["requests / new tokens", f"{w['num_requests']} / {w['total_new_tokens']:,}",
+             "the same"],
+            ["tokens identical to ours", "", same],
+            ["largest logprob difference", "",
+             f"{c['max_logprob_diff']:.0e} (allowed {c['logprob_atol']:.0e})"],
+            ["engine steps", o["num_steps"], v["num_steps"]],
+            ["preemptions", o["num_preemptions"], v["num_preemptions"]],
+            ["prompt tokens from the prefix cache", o["prefix_cache_hits"],
+             v["prefix_cache_hits"]]]
+    return Table(rows, ["", "tokenflow.serving", f"vLLM {v['version']} (CPU)"], align="<>>")
+
+
+def peer_summary(run: dict) -> str:
+    """One paragraph comparing the two engines' counters, worded from the numbers."""
+    c, o, v = run["comparison"], run["ours"], run["vllm"]
+    verdict = ("gave the same tokens on every request" if c["identical_requests"] ==
+               c["num_requests"] else f"differed on {c['num_requests'] - c['identical_requests']}"
+               " requests")
+
+    def cmp(what: str, a: int, b: int) -> str:
+        if a == b:
+            return f"the same {what} ({a})"
+        return f"{'more' if b > a else 'fewer'} {what} in vLLM ({b} against our {a})"
+    hits = cmp("prompt tokens served from the prefix cache", o["prefix_cache_hits"],
+               v["prefix_cache_hits"])
+    same = (o["num_steps"], o["num_preemptions"], o["prefix_cache_hits"]) == (
+        v["num_steps"], v["num_preemptions"], v["prefix_cache_hits"])
+    return (f"Both engines {verdict}. "
+            + ("The schedules are the same: " if same else "The schedules are close but not "
+               "equal: ")
+            + f"{cmp('steps', o['num_steps'], v['num_steps'])}, "
+            f"{cmp('preemptions', o['num_preemptions'], v['num_preemptions'])} and {hits}.")
+
+
+def counterparts_table() -> Table:
+    """Each piece of :mod:`tokenflow.serving` and its counterpart in vLLM's v1 engine."""
+    return Table([list(r) for r in VLLM_COUNTERPARTS],
+                 ["tokenflow/serving/", "what it does", "vLLM v1", "file to open next"])
