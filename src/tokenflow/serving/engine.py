@@ -396,8 +396,14 @@ class LLMEngine:
             dict: ``num_requests``, ``num_rejected``, ``num_steps``, ``elapsed_s`` (sum of
             step times), ``num_generated_tokens``, ``num_computed_tokens``,
             ``throughput_tok_s`` (generated tokens / elapsed), ``mean_ttft_s``,
-            ``mean_tpot_s``, ``mean_e2e_s`` (over finished requests), ``num_preemptions``,
-            ``prefix_cache_hit_rate`` (hit / looked-up full blocks),
+            ``mean_tpot_s``, ``mean_e2e_s`` (means over every request that ran, aborted and
+            failed ones included, each with the times of the tokens it got, see
+            :class:`~.request.RequestOutput`; rejected ones are left out; a request without
+            a value, e.g. no TPOT with one token, is left out of that mean), ``num_preemptions``,
+            ``prefix_cache_hit_rate`` (hit / looked-up full blocks at first admissions:
+            reuse across requests), ``preempted_prefix_cache_hit_rate`` (the same at the
+            re-admissions of preempted requests, which find their own freed blocks; 0.0
+            without preemptions),
             ``num_recomputed_tokens`` (prefix hits the storage recomputed: 0 when paged),
             ``num_aborted``, ``num_errors`` (requests finished as ``"abort"`` / ``"error"``).
         """
@@ -420,6 +426,9 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_hit_rate=(bm.num_hit_blocks / bm.num_queried_blocks
                                    if bm.num_queried_blocks else 0.0),
+            preempted_prefix_cache_hit_rate=(
+                bm.num_preempted_hit_blocks / bm.num_preempted_queried_blocks
+                if bm.num_preempted_queried_blocks else 0.0),
             num_recomputed_tokens=getattr(self.runner.storage, "num_recomputed_tokens", 0),
             num_aborted=sum(o.finish_reason == "abort" for o in done),
             num_errors=sum(o.finish_reason == "error" for o in done))
