@@ -1192,7 +1192,7 @@ def test_no_request_is_admitted_in_a_step_that_preempted():
 
 
 # =================================================================== metrics under abort and
-# preemption
+# preemption, n > 1 under arrivals, future arrival times
 class _Clock:
     """A ``time.perf_counter`` that only moves when a test sets ``now``."""
 
@@ -1311,3 +1311,66 @@ def test_num_cached_tokens_bounded_by_the_prompt_without_prefix_caching(model):
     assert any(o.num_preemptions for o in outs)
     assert all(o.num_cached_tokens == 0 for o in outs)
     assert engine.metrics()["preempted_prefix_cache_hit_rate"] == 0.0
+
+
+def test_first_token_step_of_a_request_preempted_before_its_first_decode(model):
+    """Blocks of 4, a pool of 4. Step 0 prefills A (7 tokens) and B (8 tokens), both sample
+    their first token. In step 1 B's 9th token needs a third block: none is free, so B (the
+    newest) is preempted before its first decode; A finishes (2 tokens) and B is recomputed
+    in step 2. B's first token is still step 0's (it was reported as step 2)."""
+    engine = _engine(model, num_blocks=4, enable_prefix_caching=False)
+    outs, arrivals = run_with_arrivals(
+        engine, [_ids(7, 260), _ids(8, 261)],
+        [SamplingParams(2, ignore_eos=True), SamplingParams(3, ignore_eos=True)], [0, 0])
+    assert [(s.prefill, s.decode, s.preempted) for s in engine.steps[:3]] == [
+        ([(0, 7), (1, 8)], [], []), ([], [0], [1]), ([(1, 9)], [], [])]
+    a, b = request_timeline(engine, arrivals, outs)
+    assert (a.first_token_step, b.first_token_step) == (0, 0)
+    assert b.ttft_steps == 1 and b.count("prefill") == 2
+    assert outs[1].num_preemptions == 1
+    assert outs[1].output_token_ids == _ref(model, _ids(8, 261), max_new_tokens=3,
+                                            ignore_eos=True)
+
+
+def test_step_record_lists_the_requests_that_sampled(model):
+    engine = LLMEngine(model, num_blocks=32, block_size=BS, max_num_batched_tokens=8)
+    run_with_arrivals(engine, [_ids(12, 270), _ids(3, 271)],
+                      SamplingParams(2, ignore_eos=True), [0, 0])
+    # step 0: the first 8 of request 0's 12 tokens (no sample); step 1: its last 4 and
+    # request 1's 3 (both sample); step 2: both decode
+    assert [s.sampled for s in engine.steps] == [[], [0, 1], [0, 1]]
+
+
+def test_run_with_arrivals_and_timeline_with_n_samples(model):
+    """A prompt with ``n = 2`` samples gives its two results in its place (it raised
+    ``KeyError: 0`` after running everything); the timeline has a row per sample."""
+    prompts = [_ids(6, 280), _ids(5, 281)]
+    params = [SamplingParams(3, n=2, temperature=1.0, seed=7), SamplingParams(4)]
+    engine = _engine(model)
+    outs, arrivals = run_with_arrivals(engine, prompts, params, [0, 1])
+    assert [o.request_id for o in outs] == [(0, 0), (0, 1), 1]
+    assert arrivals == {(0, 0): 0, (0, 1): 0, 1: 1}
+    ref = _engine(model).run(prompts, params, use_tqdm=False)
+    assert [o.output_token_ids for o in outs] == [o.output_token_ids for o in ref]
+    rows = request_timeline(engine, arrivals, outs)
+    assert [r.request_id for r in rows] == [(0, 0), (0, 1), 1]
+    assert all(r.first_token_step is not None for r in rows)
+    assert engine.sample_ids(0) == [(0, 0), (0, 1)] and engine.sample_ids(1) == [1]
+    with pytest.raises(KeyError, match="never added"):
+        engine.sample_ids(2)
+
+
+def test_arrival_time_in_the_future_is_refused(model, clock):
+    """A future ``arrival_time`` gave a negative TTFT; it raises naming the argument, and
+    nothing is queued. Now itself and the past are accepted."""
+    engine = _engine(model)
+    with pytest.raises(ValueError, match="arrival_time.*future"):
+        engine.add_request([5, 6], SamplingParams(2), arrival_time=100.5)
+    with pytest.raises(ValueError, match="arrival_time"):
+        engine.add_request([5, 6], SamplingParams(2, n=2), arrival_time=101.0)
+    assert _untouched(engine)
+    engine.add_request([5, 6], SamplingParams(2), arrival_time=100.0)
+    engine.add_request([5, 6], SamplingParams(2), arrival_time=99.0)
+    clock.now = 100.25
+    _drain(engine)
+    assert [engine.outputs[k].ttft for k in (0, 1)] == [0.25, 1.25]
