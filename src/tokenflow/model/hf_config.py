@@ -44,21 +44,21 @@ _name_or_path architectures model_type dtype torch_dtype transformers_version au
 initializer_range initializer_factor use_cache attention_dropout hidden_dropout embd_pdrop
 attn_pdrop resid_pdrop output_attentions output_hidden_states return_dict problem_type id2label
 label2id chunk_size_feed_forward router_aux_loss_coef output_router_logits router_jitter_noise
-aux_loss_alpha seq_aux hidden_act activation_function pretraining_tp rope_interleave
+aux_loss_alpha seq_aux pretraining_tp rope_interleave
 swiglu_limit swiglu_alpha quantization_config ep_size scale_attn_weights
 scale_attn_by_inverse_layer_idx reorder_and_upcast_attn n_ctx initial_context_length
 tokenizer_class use_bfloat16 torchscript tf_legacy_loss pruned_heads tie_encoder_decoder
 is_decoder finetuning_task prefix task_specific_params decoder_start_token_id sep_token_id
 is_encoder_decoder add_cross_attention bos_token_id eos_token_id pad_token_id
 """.split())
-"""Fields that change no count, memory or FLOPs (metadata, dropout, training knobs, the
-activation function, ``quantization_config``). ``is_encoder_decoder`` and
+"""Fields that change no count, memory or FLOPs (metadata, dropout, training knobs,
+``quantization_config``). ``is_encoder_decoder`` and
 ``add_cross_attention`` are checked to be false."""
 _IGNORED_PREFIXES = ("summary_",)
 _GPT2_NAMES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers",
                "n_head": "num_attention_heads", "n_positions": "max_position_embeddings",
-               "n_inner": "intermediate_size", "layer_norm_epsilon": "rms_norm_eps"}
-_TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+               "n_inner": "intermediate_size", "layer_norm_epsilon": "rms_norm_eps",
+               "activation_function": "hidden_act"}
 
 
 class _Reader:
@@ -135,7 +135,21 @@ def _common(g: _Reader, mt: str | None) -> dict:
         gated_mlp=not gpt2, norm_type="layernorm" if gpt2 else "rmsnorm",
         position_embedding_type="absolute" if gpt2 else "rope",
         mlp_bias=bool(g("mlp_bias", False)) or mt in ("gpt2", "gpt_oss"),
+        hidden_act=_activation(g, mt),
         num_nextn_predict_layers=int(g("num_nextn_predict_layers", 0)))
+
+
+def _activation(g: _Reader, mt: str | None) -> str:
+    """``hidden_act`` (GPT-2: ``activation_function``), one of the activations the model
+    runs (:data:`tokenflow.model.ffn.ACTIVATIONS`, HF's ``ACT2FN`` names)."""
+    from .ffn import ACTIVATIONS
+    act = g("hidden_act", "gelu_new" if mt == "gpt2" else "silu")
+    if act not in ACTIVATIONS:
+        name = "activation_function" if mt == "gpt2" else "hidden_act"
+        g.problem("hidden_act", f"{name} {act!r} is not supported (supported: "
+                  f"{sorted(ACTIVATIONS)})")
+        return "silu"
+    return act
 
 
 def _attention(g: _Reader, mt: str | None) -> dict:
@@ -186,6 +200,13 @@ def _windows(g: _Reader, mt: str | None) -> dict:
     return dict(sliding_window=w, layer_types=types)
 
 
+_FAMILY_TOPK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"),
+                        "deepseek_v3": ("noaux_tc",)}
+"""The ``topk_method`` values ``transformers``' routers implement: ``DeepseekV2TopkRouter``
+branches on the two greedy ones, ``DeepseekV3TopkRouter`` always ranks groups by the sum of
+their top-2 scores."""
+
+
 def _moe(g: _Reader, mt: str | None) -> dict:
     """Experts, top-k, shared experts, router, which layers are MoE."""
     experts = int(g("num_local_experts") or g("n_routed_experts") or g("num_experts") or 0)
@@ -195,9 +216,12 @@ def _moe(g: _Reader, mt: str | None) -> dict:
     if scoring not in ("softmax", "sigmoid"):
         g.problem("scoring_func", f"scoring_func {scoring!r} is not modelled (softmax, sigmoid)")
         scoring = "softmax"
-    method = g("topk_method")
-    if method is not None and method not in _TOPK_METHODS:
-        g.problem("topk_method", f"topk_method {method!r} is not modelled ({_TOPK_METHODS})")
+    method = g("topk_method", "greedy" if mt == "deepseek_v2" else "noaux_tc")
+    allowed = _FAMILY_TOPK_METHODS.get(mt, (method,))    # others: ModelConfig checks it
+    if method not in allowed:
+        g.problem("topk_method", f"topk_method {method!r} is not modelled for model_type "
+                  f"{mt!r} (HF's router implements {allowed})")
+        method = allowed[0]
     renorm = mt in ("mixtral", "gpt_oss") or (mt is None and "num_local_experts" in g.d)
     kw = dict(num_experts=experts, num_experts_per_tok=int(k) if experts else 0,
               moe_intermediate_size=g("moe_intermediate_size") or inter or 1,
@@ -207,6 +231,7 @@ def _moe(g: _Reader, mt: str | None) -> dict:
               norm_topk_prob=True if renorm else bool(g("norm_topk_prob", False)),
               routed_scaling_factor=float(g("routed_scaling_factor") or 1.0),
               n_group=int(g("n_group") or 1), topk_group=int(g("topk_group") or 1),
+              topk_method=method,
               router_bias=mt == "gpt_oss" and experts > 0)
     if mt in ("qwen2_moe", "qwen3_moe") and experts:
         kw.update(_qwen_moe_layers(g))
