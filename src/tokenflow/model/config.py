@@ -345,19 +345,38 @@ class ModelConfig:
 
     @property
     def is_moe(self) -> bool:
-        """True when at least one layer routes tokens to experts."""
-        return self.num_experts > 0 and self.first_k_dense_replace < self.num_hidden_layers
+        """True when at least one layer routes tokens to experts (:meth:`layer_is_moe`):
+        False for ``num_experts == 0``, for ``first_k_dense_replace >= num_hidden_layers``
+        and when no layer from ``first_k_dense_replace`` on is a multiple of
+        ``moe_layer_freq``."""
+        return any(self.layer_is_moe(i) for i in range(self.num_hidden_layers))
+
+    def _check_layer(self, layer_idx) -> None:
+        if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or \
+                not 0 <= layer_idx < self.num_hidden_layers:
+            raise ValueError(f"layer_idx must be an int in [0, num_hidden_layers="
+                             f"{self.num_hidden_layers}), got {layer_idx!r}")
 
     def layer_is_moe(self, layer_idx: int) -> bool:
         """True when decoder block ``layer_idx`` uses the MoE feed-forward: ``num_experts > 0``,
         ``layer_idx >= first_k_dense_replace`` and ``layer_idx % moe_layer_freq == 0``
-        (DeepSeek-V2's rule)."""
+        (HF ``DeepseekV2DecoderLayer``'s rule).
+
+        Raises:
+            ValueError: ``layer_idx`` outside ``[0, num_hidden_layers)``.
+        """
+        self._check_layer(layer_idx)
         return self.num_experts > 0 and layer_idx >= self.first_k_dense_replace and \
             layer_idx % self.moe_layer_freq == 0
 
     def layer_is_sliding(self, layer_idx: int) -> bool:
         """True when decoder block ``layer_idx`` attends to (and caches) only the last
-        ``sliding_window`` tokens."""
+        ``sliding_window`` tokens.
+
+        Raises:
+            ValueError: ``layer_idx`` outside ``[0, num_hidden_layers)``.
+        """
+        self._check_layer(layer_idx)
         if self.layer_types is not None:
             return self.layer_types[layer_idx] == "sliding_attention"
         return self.sliding_window is not None
