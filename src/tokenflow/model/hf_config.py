@@ -124,8 +124,9 @@ _HF_DEFAULTS = {
 5.x's config classes (``LlamaConfig()`` ... ``GPT2Config()``, their ``__init__`` defaults).
 Fields HF derives from others (``head_dim``, ``num_key_value_heads`` of Llama and
 DeepSeek-V2, ``layer_types``, ``n_inner``) are derived by the parser as HF does; the RoPE
-defaults are in :data:`_DEFAULT_ROPE`. Every family not listed leaves ``hidden_act``
-``"silu"``, ``tie_word_embeddings`` False and ``rms_norm_eps`` 1e-6."""
+defaults are in :data:`_DEFAULT_ROPE`. A field no entry lists takes the parser's generic
+default (``hidden_act`` ``"silu"``, ``tie_word_embeddings`` False, ...), which is also what
+that family's HF class uses (``tests/test_hf_config.py`` checks every family)."""
 _DEFAULT_ROPE = {"mixtral": ({}, 1e6),
                  "gpt_oss": ({"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
                               "beta_slow": 1.0, "truncate": False,
