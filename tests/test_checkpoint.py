@@ -137,3 +137,87 @@ def test_load_pretrained_names_a_damaged_shipped_file(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "_data_path", lambda name: tmp_path / name)
     with _expect_named(tmp_path / DEFAULT_WEIGHTS):
         load_pretrained()
+
+
+# ------------------------------------------------------------------ every argument matters
+def _saved(tmp_path, model=None, name="m.safetensors", **kw):
+    from conftest import random_model
+    model = model or random_model(3)
+    path = tmp_path / name
+    save_model(model, path, **kw)
+    return model, path
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16,
+                                   torch.float16])
+def test_load_model_dtype_sets_the_weights_dtype(tmp_path, dtype):
+    """``dtype`` is the dtype of every weight of the result; the values are the saved
+    float32 ones cast to it (so float64 equals them exactly)."""
+    model, path = _saved(tmp_path)
+    back = load_model(path, dtype=dtype)
+    assert {p.dtype for p in back.parameters()} == {dtype}
+    for (k, a), (_, b) in zip(model.state_dict().items(), back.state_dict().items()):
+        assert torch.equal(a.to(dtype), b), k
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        assert back(ids).dtype == dtype
+
+
+def test_load_model_default_is_float32_even_for_a_bfloat16_file(tmp_path):
+    from conftest import random_model
+    model = random_model(4).to(torch.bfloat16)
+    _, path = _saved(tmp_path, model)
+    with safe_open(str(path), framework="pt") as f:
+        assert f.get_tensor("lm_head.weight").dtype == torch.bfloat16      # saved as it was
+    back = load_model(path)
+    assert back.lm_head.weight.dtype == torch.float32
+    assert torch.equal(back.lm_head.weight, model.lm_head.weight.float())
+
+
+@pytest.mark.parametrize("bad, err", [("float16", TypeError), (None, TypeError),
+                                      (torch.int64, ValueError), (torch.bool, ValueError)])
+def test_load_model_refuses_a_dtype_that_is_not_floating(tmp_path, bad, err):
+    _, path = _saved(tmp_path)
+    with pytest.raises(err, match="dtype"):
+        load_model(path, dtype=bad)
+    with pytest.raises(err, match="dtype"):
+        load_pretrained(dtype=bad)
+
+
+def test_load_model_path_as_str_or_path(tmp_path):
+    model, path = _saved(tmp_path)
+    a, b = load_model(str(path)), load_model(path)
+    assert a.config == b.config == model.config
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+
+
+def test_save_model_keeps_the_config_fields_and_the_metadata(tmp_path):
+    """The config round-trips, new fields included (``hidden_act``, ``topk_method``); each
+    ``metadata`` entry is stored as a string next to it; ``config`` cannot be overwritten."""
+    from conftest import random_model
+    model = random_model(5, hidden_act="gelu", topk_method="group_limited_greedy")
+    _, path = _saved(tmp_path, model, metadata={"step": 300, "note": "after warm-up"})
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+    assert meta["step"] == "300" and meta["note"] == "after warm-up"
+    back = load_model(path)
+    assert back.config == model.config
+    assert back.config.hidden_act == "gelu"
+    assert back.config.topk_method == "group_limited_greedy"
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        assert torch.equal(back(ids), model(ids))
+    with pytest.raises(ValueError, match="config"):
+        save_model(model, tmp_path / "x.safetensors", metadata={"config": "{}"})
+    with pytest.raises(TypeError, match="metadata"):
+        save_model(model, tmp_path / "y.safetensors", metadata=[("a", 1)])
+    _, plain = _saved(tmp_path, model, name="plain.safetensors")
+    with safe_open(str(plain), framework="pt") as f:
+        assert set(f.metadata()) == {"config"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_load_pretrained_dtype(dtype):
+    model, tok = load_pretrained(dtype=dtype)
+    assert {p.dtype for p in model.parameters()} == {dtype}
+    assert not model.training and tok.vocab_size == model.config.vocab_size

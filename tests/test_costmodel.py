@@ -441,3 +441,115 @@ def test_every_flagged_value_of_models_json_is_reported_unverified():
         reference_value_unverified("GPT-5", "vocab_size")
     with pytest.raises(ValueError, match="field"):
         reference_value_unverified("GPT-3-175B", "n_routed_experts")
+
+
+# ---- K/V projection weights follow the KV cache's one-head-per-device rule -------------------
+MiB = 2 ** 20
+
+
+def _attn_only(nkv, H=8192, nh=64, L=1, **kw):
+    """Dense config whose other parts are tiny (V = I = 128), head_dim 128."""
+    from tokenflow import ModelConfig
+    return ModelConfig(vocab_size=128, hidden_size=H, num_hidden_layers=L,
+                       num_attention_heads=nh, num_key_value_heads=nkv, intermediate_size=128,
+                       num_experts=0, num_experts_per_tok=0, num_shared_experts=0,
+                       max_position_embeddings=8192, pad_token_id=0, bos_token_id=0,
+                       eos_token_id=0, **kw)
+
+
+@pytest.mark.parametrize("nkv, H, nh, tp, mib", [
+    # 8 KV heads, H 8192, 64 heads of 128 (Llama-3-70B's attention), bf16. q_proj + o_proj:
+    # 2 * 8192 * 8192 * 2 B = 256 MiB split over tp; k_proj + v_proj: 32 MiB, one head of
+    # 4 MiB is the least a device holds.
+    (8, 8192, 64, 1, 256 + 32), (8, 8192, 64, 4, 64 + 8), (8, 8192, 64, 8, 32 + 4),
+    (8, 8192, 64, 16, 16 + 4), (8, 8192, 64, 32, 8 + 4),
+    # MQA, H 4096, 32 heads: q, o 64 MiB; its one K/V head 2 MiB sits on every device
+    (1, 4096, 32, 1, 64 + 2), (1, 4096, 32, 8, 8 + 2), (1, 4096, 32, 32, 2 + 2)])
+def test_kv_projection_weights_are_replicated_beyond_the_kv_heads(nkv, H, nh, tp, mib):
+    """tp 16 with 8 KV heads holds 20 MiB of attention per layer (it reported 18: the K/V
+    weights were divided by 16 as if a head could be split); MQA at tp 8 holds 10 MiB
+    (reported 8.25)."""
+    from tokenflow.analysis.costmodel import forward_weight_bytes
+    c = _attn_only(nkv, H, nh)
+    assert forward_weight_bytes(c, 1, 2, tp_size=tp)["attention"] == mib * MiB
+    rest = (2 * 128 * H + 3 * H * 128) * 2 / tp                # embedding, lm_head, FFN
+    assert weight_bytes_per_device(c, tp)["tensor_parallel"] == mib * MiB + rest
+    assert weight_bytes_per_device(c, tp)["replicated"] == 3 * H * 2          # 3 RMSNorms
+
+
+def test_max_batch_size_counts_the_replicated_kv_weights():
+    """Llama-3-70B's shape (80 layers, H 8192, 64 heads, 8 KV heads, I 28672, V 128256) at
+    tp 16, bf16, 8,192-token sequences on 80 GB at 90 %. Per device: attention 80 * 20 MiB,
+    FFN 80 * 3 * 8192 * 28672 * 2 / 16 B = 80 * 84 MiB, embedding + head
+    2 * 128256 * 8192 * 2 / 16 = 262,668,288 B, norms 161 * 8192 * 2 = 2,637,824 B:
+    8,989,458,432 B. KV per sequence: 80 * 8192 * 2 * 128 * 2 = 335,544,320 B (one head).
+    (72e9 - 8,989,458,432) / 335,544,320 = 187.8 -> 187 (it said 188: 160 MiB of K/V
+    weights too few)."""
+    from tokenflow import ModelConfig
+    c = ModelConfig(vocab_size=128256, hidden_size=8192, num_hidden_layers=80,
+                    num_attention_heads=64, num_key_value_heads=8, intermediate_size=28672,
+                    num_experts=0, num_experts_per_tok=0, num_shared_experts=0,
+                    max_position_embeddings=8192, pad_token_id=0, bos_token_id=0,
+                    eos_token_id=0)
+    assert weight_bytes_per_device(c, 16)["total"] == 8_989_458_432
+    assert kv_cache_bytes(c, 1, 8192, tp_size=16) == 335_544_320
+    assert max_batch_size(c, 8192, 80e9, tp_size=16) == 187
+
+
+def test_mla_latent_projection_is_replicated_like_its_cache():
+    """MLA, H 64, 4 heads, no q LoRA, kv_lora_rank 32, RoPE 8, nope 16, v 16, per layer:
+    q_proj 64*4*24 = 6144, kv_b 32*4*32 = 4096, o 4*16*64 = 4096 split over tp 4 (3584);
+    kv_a_proj_with_mqa 64*40 = 2560 and kv_a_layernorm 32 on every device: 6176."""
+    from tokenflow import ModelConfig
+    from tokenflow.analysis.costmodel import forward_weight_bytes
+    c = ModelConfig(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=4, intermediate_size=32, num_experts=0,
+                    num_experts_per_tok=0, num_shared_experts=0, kv_lora_rank=32,
+                    qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
+    assert forward_weight_bytes(c, 1, 1, tp_size=4)["attention"] == 2 * 6176
+    assert forward_weight_bytes(c, 1, 1)["attention"] == 2 * (6144 + 4096 + 4096 + 2592)
+
+
+def test_kv_heads_split_that_is_neither_divisor_nor_multiple_is_refused_for_weights_too():
+    c = _attn_only(6, H=768, nh=12)
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        weight_bytes_per_device(c, 4)
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        kv_cache_bytes(c, 1, 8, tp_size=4)
+    assert weight_bytes_per_device(c, 3)["total"] > 0 and weight_bytes_per_device(c, 12)
+
+
+# ---- expert-parallel groups smaller than a node: NVLink over the GPUs in use --------------
+@pytest.mark.parametrize("ep, scale_up_elems, scale_out_elems", [
+    (1, 0, 0), (2, 8 * 1 / 2 * 7168, 0), (4, 8 * 3 / 4 * 7168, 0), (8, 8 * 7 / 8 * 7168, 0),
+    # two nodes: a token reaches 2 * (1 - (1/2) ** 8) nodes, half of them remote
+    (16, 8 * 7 / 8 * 7168, 2 * (1 - 0.5 ** 8) / 2 * 7168)])
+def test_ep_group_within_a_node_counts_nvlink_over_the_gpus_in_use(ep, scale_up_elems,
+                                                                   scale_out_elems):
+    """DeepSeek-V3 (K = 8, H = 7168), 8 GPUs per node. EP over 4 GPUs of one node: a pair
+    stays on its GPU with probability 1/4 (not 1/8): NVLink carries 8 * 3/4 * 7168 =
+    43,008 elements per direction, nothing crosses InfiniBand; FP8 dispatch (1 B), BF16
+    combine (2 B)."""
+    v3 = reference_config("DeepSeek-V3")
+    m = moe_comm_bytes_per_token(v3, ep, 1, 2, gpus_per_node=8)
+    assert m["scale_up_dispatch"] == pytest.approx(scale_up_elems)
+    assert m["scale_up_combine"] == pytest.approx(2 * scale_up_elems)
+    assert m["scale_out_dispatch"] == pytest.approx(scale_out_elems)
+    assert m["total"] == pytest.approx(3 * (scale_up_elems + scale_out_elems))
+    if ep <= 8:                             # one node: the flat numbers, uniform routing
+        flat = moe_comm_bytes_per_token(v3, ep, 1, 2)
+        assert m["total"] == pytest.approx(flat["total"]) and m["nodes_per_token"] == 1
+    from tokenflow.analysis.costmodel import moe_a2a_table
+    rows = {(r[0], r[1]): r[2:] for r in moe_a2a_table(v3, ep)}
+    nv = rows[(f"EP{ep}, 8 GPUs/node, no node limit", "NVLink")]
+    assert nv[0] == pytest.approx(scale_up_elems / 1e3) and \
+        nv[1] == pytest.approx(2 * scale_up_elems / 1e3)
+
+
+def test_ep_group_that_does_not_tile_a_node_is_refused():
+    v3 = reference_config("DeepSeek-V3")
+    for ep, g in ((3, 8), (12, 8), (4, 6)):
+        with pytest.raises(ValueError, match="gpus_per_node"):
+            moe_comm_bytes_per_token(v3, ep, gpus_per_node=g)
+    with pytest.raises(ValueError, match="gpus_per_node"):
+        moe_comm_bytes_per_token(v3, 8, gpus_per_node=0)

@@ -154,3 +154,99 @@ def test_generate_checks_every_eos(free_run, bad, err):
     model, ids, _ = free_run
     with pytest.raises(err, match="eos_token_id"):
         generate(model, ids, 2, eos_token_id=bad)
+
+
+# ------------------------------------------------------------------ every family's defaults
+HF_CONFIG_CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig",
+                     "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
+                     "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig",
+                     "qwen3_moe": "Qwen3MoeConfig", "deepseek_v2": "DeepseekV2Config",
+                     "deepseek_v3": "DeepseekV3Config", "gpt_oss": "GptOssConfig",
+                     "gpt2": "GPT2Config"}
+
+# Settings on which HF derives other fields from the ones given (or reads a default it
+# ignores otherwise): the omitted fields must follow.
+DEFAULT_VARIANTS = [(mt, {}) for mt in HF_CONFIG_CLASSES] + [
+    ("llama", dict(num_attention_heads=8, hidden_size=1024)),       # kv heads, head_dim
+    ("deepseek_v2", dict(num_attention_heads=16)),
+    ("qwen3", dict(hidden_size=1024, num_attention_heads=16,        # head_dim stays 128
+                   num_key_value_heads=8)),
+    ("qwen2", dict(num_attention_heads=64)),                        # kv heads stay 32
+    ("qwen2", dict(use_sliding_window=True, num_hidden_layers=30)),
+    ("qwen3", dict(use_sliding_window=True, num_hidden_layers=30)),
+    ("qwen2_moe", dict(use_sliding_window=True)),
+    ("qwen3_moe", dict(use_sliding_window=True)),
+    ("gpt_oss", dict(num_hidden_layers=5)),                         # alternating windows
+    ("mistral", dict(num_hidden_layers=4)),
+    ("gpt2", dict(n_embd=256, n_head=4)),                           # n_inner = 4 * n_embd
+    ("deepseek_v3", dict(num_hidden_layers=4)),
+]
+
+
+def _from_hf(d):
+    return ModelConfig.from_hf_config(d)
+
+
+def _v2_fix(mt, d):
+    """DeepseekV2Config's num_experts_per_tok defaults to None (its router cannot run):
+    that raises; then both sides get the same value."""
+    if mt == "deepseek_v2" and d.get("num_experts_per_tok") is None:
+        with pytest.raises(ValueError, match="num_experts_per_tok"):
+            _from_hf(d)
+        return dict(d, num_experts_per_tok=6)
+    return d
+
+
+@pytest.mark.parametrize("mt, given", DEFAULT_VARIANTS,
+                         ids=[f"{mt}-{'-'.join(g) or 'defaults'}" for mt, g in DEFAULT_VARIANTS])
+def test_omitted_fields_take_the_defaults_of_the_hf_config_class(mt, given):
+    """A config.json with only ``model_type`` (and ``given``) reads as the same
+    ModelConfig as the full dict of ``transformers``' own config class built with no other
+    argument: every default of every family (``rope_theta``, ``rms_norm_eps``,
+    ``tie_word_embeddings``, ``norm_topk_prob``, ``routed_scaling_factor``, group routing,
+    dense first layers, biases, windows, MTP layers, shapes, special tokens)."""
+    full = getattr(transformers, HF_CONFIG_CLASSES[mt])(**given).to_dict()
+    full = _v2_fix(mt, full)
+    sparse = _v2_fix(mt, {"model_type": mt, **given})
+    assert _from_hf(sparse) == _from_hf(full)
+
+
+@pytest.mark.parametrize("mt", sorted(HF_CONFIG_CLASSES))
+def test_each_field_left_out_alone_takes_its_hf_default(mt):
+    """The full default dict with one field removed at a time reads the same."""
+    full = _v2_fix(mt, getattr(transformers, HF_CONFIG_CLASSES[mt])().to_dict())
+    want = _from_hf(full)
+    for key in sorted(full):
+        if key != "model_type":
+            less = _v2_fix(mt, {k: v for k, v in full.items() if k != key})
+            assert _from_hf(less) == want, key
+
+
+@pytest.mark.parametrize("mt, field, hf_value", [
+    ("deepseek_v3", "norm_topk_prob", True), ("deepseek_v3", "routed_scaling_factor", 2.5),
+    ("deepseek_v3", "n_group", 8), ("deepseek_v3", "topk_group", 4),
+    ("deepseek_v3", "first_k_dense_replace", 3), ("deepseek_v3", "num_nextn_predict_layers", 1),
+    ("deepseek_v3", "scoring_func", "sigmoid"), ("deepseek_v2", "topk_method", "greedy"),
+    ("deepseek_v2", "scoring_func", "softmax"), ("mixtral", "rope_theta", 1e6),
+    ("mixtral", "rms_norm_eps", 1e-5), ("gpt_oss", "rope_theta", 150000.0),
+    ("gpt_oss", "attention_bias", True), ("gpt2", "tie_word_embeddings", True),
+    ("gpt2", "hidden_act", "gelu_new"), ("qwen2_moe", "num_experts_per_tok", 4),
+    ("qwen3_moe", "num_experts", 128), ("qwen3", "head_dim", 128),
+    ("mistral", "sliding_window", 4096), ("llama", "max_position_embeddings", 2048)])
+def test_named_defaults_by_hand(mt, field, hf_value):
+    """A few of those defaults spelled out (read off ``transformers``' configuration files),
+    so a failure above names its field: HF's full default dict without that field."""
+    full = getattr(transformers, HF_CONFIG_CLASSES[mt])().to_dict()
+    hf_names = {"rope_theta": "rope_parameters", "num_experts": "num_local_experts",
+                "hidden_act": "activation_function"}
+    less = {k: v for k, v in full.items() if k != hf_names.get(field, field)}
+    assert getattr(_from_hf(_v2_fix(mt, less)), field) == hf_value
+
+
+def test_an_explicit_null_is_not_replaced_by_the_default():
+    """Mistral v0.2 writes ``"sliding_window": null`` for "no window": HF keeps None."""
+    assert transformers.MistralConfig(sliding_window=None).sliding_window is None
+    full = transformers.MistralConfig().to_dict()
+    assert _from_hf(dict(full, sliding_window=None)).sliding_window is None
+    assert _from_hf({k: v for k, v in full.items() if k != "sliding_window"}
+                    ).sliding_window == 4096

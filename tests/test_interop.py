@@ -472,3 +472,176 @@ def test_from_hf_config_reads_non_default_fields():
                                           tie_word_embeddings=True))
     assert (cfg.rms_norm_eps, cfg.max_position_embeddings, cfg.tie_word_embeddings) == \
         (1e-5, 96, True)
+
+
+# ------------------------------------------------------------------ hidden_act
+ACTS = ["silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu"]
+
+
+def _wide(hf, seed=0, std=0.2):
+    """Wider random weights than HF's init, so the activations differ clearly."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return hf.eval()
+
+
+def _tiny_hf(cls_name, seed=0, **kw):
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                pad_token_id=0)
+    cfg = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))(**(base | kw))
+    torch.manual_seed(seed)
+    return _wide(getattr(transformers, cls_name)(cfg), seed)
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_llama_hidden_act_converts_and_matches_hf(act):
+    """A Llama with ``hidden_act=act`` converts to ours running that activation (it used
+    to run SiLU whatever the config said) and back; the logits equal HF's both ways, with
+    and without gradients (the packed and unpacked FFN paths)."""
+    hf = _tiny_hf("LlamaForCausalLM", hidden_act=act)
+    ours = interop.from_hf_model(hf)
+    assert ours.config.hidden_act == act
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = hf(ids).logits
+        assert (ours(ids) - want).abs().max() <= ATOL
+        if act != "silu":                    # the test can tell the activations apart
+            silu = interop.from_hf_model(_tiny_hf("LlamaForCausalLM", hidden_act="silu"))
+            assert (silu(ids) - want).abs().max() > 100 * ATOL
+    assert (ours(ids) - want).abs().max() <= ATOL                         # gradients on
+    assert interop.to_hf_config(ours.config).hidden_act == act
+    back = interop.to_hf_model(ours)
+    assert back.config.hidden_act == act
+    with torch.no_grad():
+        assert (back(ids).logits - want).abs().max() <= ATOL
+
+
+@pytest.mark.parametrize("act", ["gelu", "relu"])
+def test_moe_experts_run_hidden_act(act):
+    """The experts' three paths (grouped for a prompt, one token for a batch-1 decode, the
+    per-expert loop with gradients) and the shared expert use the config's activation:
+    Mixtral and Qwen2-MoE with it equal HF."""
+    for cls_name, kw in (("MixtralForCausalLM", dict(num_local_experts=4)),
+                         ("Qwen2MoeForCausalLM", dict(num_experts=4, moe_intermediate_size=16,
+                                                      shared_expert_intermediate_size=16,
+                                                      qkv_bias=False))):
+        hf = _tiny_hf(cls_name, hidden_act=act, num_experts_per_tok=2, **kw)
+        if cls_name.startswith("Qwen2"):
+            with torch.no_grad():
+                for layer in hf.model.layers:      # our shared expert has no gate: sigmoid(0)
+                    layer.mlp.shared_expert_gate.weight.zero_()
+        ours = interop.from_hf_model(hf)
+        ids = torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            assert (ours(ids) - hf(ids).logits).abs().max() <= ATOL, cls_name
+            one = ids[:, :1]
+            assert (ours(one) - hf(one).logits).abs().max() <= ATOL, cls_name
+        assert (ours(ids) - hf(ids).logits).abs().max() <= ATOL, cls_name
+
+
+def test_unsupported_hidden_act_is_refused_naming_the_field():
+    hf_cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48,
+                                      num_hidden_layers=1, num_attention_heads=4,
+                                      hidden_act="tanh")
+    with pytest.raises(ValueError, match="hidden_act 'tanh'"):
+        interop.from_hf_config(hf_cfg)
+    with pytest.raises(ValueError, match="hidden_act"):
+        interop.from_hf_model(transformers.LlamaForCausalLM(hf_cfg))
+    assert "hidden_act" in interop.from_hf_config(hf_cfg, allow_unsupported=True
+                                                  ).unsupported_fields
+    with pytest.raises(ValueError, match="hidden_act"):
+        ModelConfig(hidden_act="swiglu")
+    with pytest.raises(TypeError, match="hidden_act"):
+        ModelConfig(hidden_act=None)
+    from tokenflow.model.ffn import FFN
+    with pytest.raises(ValueError, match="hidden_act"):
+        FFN(8, 16, hidden_act="quick_gelu")
+
+
+def test_gpt2_activation_function_is_read():
+    assert interop.from_hf_config(transformers.GPT2Config()).hidden_act == "gelu_new"
+    assert interop.from_hf_config(transformers.GPT2Config(activation_function="relu")
+                                  ).hidden_act == "relu"
+    with pytest.raises(ValueError, match="activation_function 'quick_gelu'"):
+        interop.from_hf_config(transformers.GPT2Config(activation_function="quick_gelu"))
+
+
+# ------------------------------------------------------------------ topk_method
+def _v2_config(method, **kw):
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                n_routed_experts=16, num_experts_per_tok=3, n_group=4, topk_group=2,
+                topk_method=method, n_shared_experts=1, kv_lora_rank=16, q_lora_rank=None,
+                qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+                routed_scaling_factor=1.5, first_k_dense_replace=1)
+    return transformers.DeepseekV2Config(**(base | kw))
+
+
+def _hf_and_our_router(hf_cfg, router_cls):
+    from tokenflow.model.moe import Router
+    torch.manual_seed(4)
+    hf = router_cls(hf_cfg)
+    with torch.no_grad():
+        hf.weight.normal_(0.0, 0.5)
+    ours = Router(interop.from_hf_config(hf_cfg))
+    with torch.no_grad():
+        ours.weight.copy_(hf.weight)
+    return hf, ours
+
+
+@pytest.mark.parametrize("method", ["greedy", "group_limited_greedy"])
+def test_deepseek_v2_router_matches_hf_for_each_topk_method(method):
+    """DeepSeek-V2's ``DeepseekV2TopkRouter`` on the same weights: same experts, same
+    weights. ``group_limited_greedy`` ranks the 4 groups by their best score (our router
+    used the sum of the top 2, V3's rule), ``greedy`` ignores the groups."""
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+    hf, ours = _hf_and_our_router(_v2_config(method), DeepseekV2TopkRouter)
+    assert ours.topk_method == method
+    x = torch.randn(200, 32, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        idx, w, _ = ours(x)
+        _, hf_w, hf_idx = hf(x)
+    a, b = _sorted_route(idx, w), _sorted_route(hf_idx, hf_w)
+    assert torch.equal(a[0], b[0])
+    assert (a[1] - b[1]).abs().max() <= 1e-6
+    others = {m: route_with(ours, x, m) for m in ("greedy", "group_limited_greedy", "noaux_tc")}
+    for m, other in others.items():                  # the methods choose differently here
+        if m != method:
+            assert not torch.equal(other.sort(-1).values, idx.sort(-1).values), m
+
+
+def route_with(router, x, method):
+    from tokenflow.model.moe import route
+    return route(x, router.weight, router.top_k, scoring_func=router.scoring_func,
+                 norm_topk_prob=router.norm_topk_prob, n_group=router.n_group,
+                 topk_group=router.topk_group, topk_method=method)[0]
+
+
+def test_deepseek_v3_router_is_noaux_tc_and_other_methods_are_refused():
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+    v3 = transformers.DeepseekV3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        n_routed_experts=16, num_experts_per_tok=3, n_group=4, topk_group=2, kv_lora_rank=16,
+        q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+        first_k_dense_replace=1)
+    hf, ours = _hf_and_our_router(v3, DeepseekV3TopkRouter)
+    assert ours.topk_method == "noaux_tc"
+    x = torch.randn(200, 32, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        a, b = _sorted_route(*ours(x)[:2]), _sorted_route(hf(x)[2], hf(x)[1])
+    assert torch.equal(a[0], b[0]) and (a[1] - b[1]).abs().max() <= 1e-6
+    d = v3.to_dict() | {"topk_method": "group_limited_greedy"}
+    with pytest.raises(ValueError, match="topk_method 'group_limited_greedy'"):
+        interop.from_hf_config(d)
+    with pytest.raises(ValueError, match="topk_method 'noaux_tc'"):
+        interop.from_hf_config(_v2_config("noaux_tc"))
+    mla = interop.from_hf_config(v3).replace(topk_method="group_limited_greedy")
+    with pytest.raises(ValueError, match="topk_method"):
+        interop.to_hf_config(mla, "deepseek_v3")
+    with pytest.raises(ValueError, match="topk_method"):
+        ModelConfig(topk_method="top2")

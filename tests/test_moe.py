@@ -29,6 +29,9 @@ FAMILIES = [
     dict(scoring_func="softmax", norm_topk_prob=False),
     dict(scoring_func="sigmoid", routed_scaling_factor=2.5),
     dict(scoring_func="sigmoid", n_group=2, topk_group=1, routed_scaling_factor=2.5),
+    dict(scoring_func="softmax", n_group=2, topk_group=1, norm_topk_prob=False,
+         topk_method="group_limited_greedy"),
+    dict(scoring_func="softmax", n_group=2, topk_group=1, topk_method="greedy"),
 ]
 SHAPES = [(4, 1), (4, 4), (8, 2), (16, 3)]               # (E, K)
 
@@ -272,6 +275,34 @@ def test_group_limited_routing_stays_in_best_groups():
     groups = idx // 4
     assert all(len(set(g)) <= 2 for g in groups.tolist())
     assert torch.equal(idx, route_reference(moe.gate, x)[0])
+
+
+@pytest.mark.parametrize("method, chosen", [("group_limited_greedy", [0, 1]),
+                                             ("noaux_tc", [2, 3]), ("greedy", [0, 2])])
+def test_topk_method_ranks_groups_by_hand(method, chosen):
+    """Sigmoid scores [0.9, 0.1 | 0.6, 0.6], two groups, keep one, K = 2. By its best score
+    the first group wins (0.9 > 0.6): experts 0, 1. By the sum of its top 2 the second
+    (1.2 > 1.0): experts 2, 3. Without groups the two best overall: 0 and 2 (the tie with
+    3 goes to the lower index)."""
+    p = torch.tensor([0.9, 0.1, 0.6, 0.6])
+    H = preset("tiny").hidden_size
+    weight = torch.zeros(4, H)
+    weight[:, 0] = torch.log(p / (1 - p))                              # logits, sigmoid -> p
+    x = torch.zeros(1, H)
+    x[0, 0] = 1.0
+    idx, w, _ = route(x, weight, 2, scoring_func="sigmoid", norm_topk_prob=False, n_group=2,
+                      topk_group=1, topk_method=method)
+    assert sorted(idx[0].tolist()) == chosen
+    torch.testing.assert_close(w[0].sort().values, p[chosen].sort().values)
+    moe = make_moe(num_experts=4, num_experts_per_tok=2, scoring_func="sigmoid", n_group=2,
+                   topk_group=1, norm_topk_prob=False, topk_method=method)
+    with torch.no_grad():
+        moe.gate.weight.copy_(weight)
+        moe.gate.e_score_correction_bias.zero_()
+    assert sorted(route_reference(moe.gate, x)[0][0].tolist()) == chosen
+    assert sorted(moe.gate(x)[0][0].tolist()) == chosen
+    with pytest.raises(ValueError, match="topk_method"):
+        route(x, weight, 2, n_group=2, topk_method="top2")
 
 
 # ----------------------------------------------------------------------- load statistics

@@ -622,13 +622,15 @@ def test_prefix_cache_hit_rate_is_hits_over_looked_up_blocks(model):
 
 
 def test_ttft_tpot_e2e_from_known_times(model):
-    """TPOT averages the n - 1 intervals after the first token."""
+    """TPOT averages the n - 1 intervals from the first to the last token."""
     o = RequestOutput(0, [1], [5, 6, 7, 8, 9], "length", arrival_time=1.0,
-                      first_token_time=1.5, finish_time=3.5)
+                      first_token_time=1.5, finish_time=3.5, last_token_time=3.5)
     assert o.ttft == 0.5 and o.e2e_latency == 2.5 and o.tpot == 0.5
-    assert RequestOutput(0, [1], [5], "length", 0, 1.0, 1.5, 1.5).tpot is None
+    assert RequestOutput(0, [1], [5], "length", 0, 1.0, 1.5, 1.5,
+                         last_token_time=1.5).tpot is None
     engine = _engine(model)
-    engine.outputs = {0: o, 1: RequestOutput(1, [1], [5, 6], "length", None, 0.0, 1.0, 2.0)}
+    engine.outputs = {0: o, 1: RequestOutput(1, [1], [5, 6], "length", None, 0.0, 1.0, 2.0,
+                                             last_token_time=2.0)}
     m = engine.metrics()
     assert m["mean_tpot_s"] == pytest.approx(0.75) and m["mean_ttft_s"] == pytest.approx(0.75)
     assert m["num_generated_tokens"] == 7
@@ -1187,3 +1189,188 @@ def test_no_request_is_admitted_in_a_step_that_preempted():
                 assert set(ids) <= running - set(s.preempted), (seed, s)
             running = (running | set(ids)) - set(s.preempted)
     assert preempting_steps >= 10
+
+
+# =================================================================== metrics under abort and
+# preemption, n > 1 under arrivals, future arrival times
+class _Clock:
+    """A ``time.perf_counter`` that only moves when a test sets ``now``."""
+
+    def __init__(self, now=100.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    import time
+    c = _Clock()
+    monkeypatch.setattr(time, "perf_counter", c)
+    return c
+
+
+def test_aborted_request_tpot_runs_from_first_to_last_token(model, clock):
+    """Tokens at t = 101, 102, 103, abort at 103.4: TPOT (103 - 101) / 2 = 1.0 s (the idle
+    0.4 s before ``abort()`` made it 1.2), the engine mean 1.0; TTFT 1.0, E2E 3.4."""
+    engine = _engine(model)
+    engine.add_request(_ids(5, 200), SamplingParams(10, ignore_eos=True))
+    for t in (101.0, 102.0, 103.0):
+        clock.now = t
+        engine.step()
+    clock.now = 103.4
+    assert engine.abort(0)
+    out = engine.outputs[0]
+    assert len(out.output_token_ids) == 3 and out.finish_reason == "abort"
+    assert (out.first_token_time, out.last_token_time, out.finish_time) == (101.0, 103.0, 103.4)
+    assert out.tpot == pytest.approx(1.0) and out.ttft == pytest.approx(1.0)
+    assert out.e2e_latency == pytest.approx(3.4)
+    m = engine.metrics()
+    assert m["mean_tpot_s"] == pytest.approx(1.0) and m["mean_ttft_s"] == pytest.approx(1.0)
+
+
+def test_tpot_of_aborts_with_fewer_than_two_tokens_and_of_a_normal_finish(model, clock):
+    """An abort before any token has no TTFT and no TPOT; after one token a TTFT and no
+    TPOT; neither enters the mean TPOT. A request that finishes normally has its last token
+    and its finish in the same step."""
+    engine = _engine(model)
+    for k in range(3):
+        engine.add_request(_ids(5, 210 + k), SamplingParams(3, ignore_eos=True), request_id=k)
+    assert engine.abort(0)                                   # still waiting: no token
+    clock.now = 101.0
+    engine.step()                                            # 1 and 2 get a first token
+    clock.now = 101.5
+    assert engine.abort(1)
+    for t in (102.0, 104.0):
+        clock.now = t
+        engine.step()
+    o0, o1, o2 = (engine.outputs[k] for k in range(3))
+    assert (o0.ttft, o0.tpot, o0.last_token_time) == (None, None, None)
+    assert o1.ttft == pytest.approx(1.0) and o1.tpot is None and o1.last_token_time == 101.0
+    assert o2.finish_reason == "length" and o2.last_token_time == o2.finish_time == 104.0
+    assert o2.tpot == pytest.approx(1.5)                     # (104 - 101) / 2
+    assert engine.metrics()["mean_tpot_s"] == pytest.approx(1.5)
+
+
+def _preempting_run(model, prompts, **kw):
+    """Four 12-token prompts (or ``prompts``) with 12 new tokens each on 10 blocks of 4:
+    the pool cannot hold them all, so requests are preempted and recomputed."""
+    engine = _engine(model, num_blocks=10, max_num_batched_tokens=64, **kw)
+    outs = engine.run(prompts, SamplingParams(12, ignore_eos=True), use_tqdm=False)
+    return engine, outs
+
+
+def test_recompute_after_preemption_is_no_prefix_cache_hit(model):
+    """No two prompts share a block, so no request reuses another's: hit rate 0 of the
+    4 x (12 - 1) // 4 = 8 blocks looked up at first admission (it was 0.4: the recomputes
+    found their own freed blocks). The recompute's hits are reported apart."""
+    engine, outs = _preempting_run(model, [_ids(12, 220 + k) for k in range(4)])
+    m, bm = engine.metrics(), engine.block_manager
+    assert m["num_preemptions"] >= 1
+    assert (bm.num_hit_blocks, bm.num_queried_blocks) == (0, 8)
+    assert m["prefix_cache_hit_rate"] == 0.0
+    assert bm.num_preempted_queried_blocks > 0 and bm.num_preempted_hit_blocks > 0
+    assert m["preempted_prefix_cache_hit_rate"] == \
+        bm.num_preempted_hit_blocks / bm.num_preempted_queried_blocks
+    assert [o.output_token_ids for o in outs] == \
+        [_ref(model, p, max_new_tokens=12, ignore_eos=True) for p in [o.prompt_token_ids
+                                                                      for o in outs]]
+
+
+def test_shared_prefix_hits_still_count_with_preemption(model):
+    """The four prompts share their first 8 tokens (2 blocks). Requests 0-2 are admitted
+    together in step 0 (3 blocks each), before any block is registered: no hit. Request 3
+    is admitted later and hits both shared blocks: 2 of the 4 x 2 looked up at first
+    admission, whatever the recomputes of the preempted requests look up."""
+    system = _ids(8, 230)
+    engine, outs = _preempting_run(model, [system + _ids(4, 231 + k) for k in range(4)])
+    bm = engine.block_manager
+    assert engine.steps[0].prefill == [(0, 12), (1, 12), (2, 12)]
+    assert engine.metrics()["num_preemptions"] >= 1
+    assert (bm.num_hit_blocks, bm.num_queried_blocks) == (2, 8)
+    assert engine.metrics()["prefix_cache_hit_rate"] == 0.25
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_num_cached_tokens_is_the_first_admissions_prompt_hit(model, shared):
+    """``num_cached_tokens`` counts prompt tokens the prefix cache supplied at the first
+    admission: 0 without a shared prefix; with one, 8 (2 blocks) for request 3, the only one
+    admitted after the shared blocks were registered (see the test above); never more than
+    the prompt (a 12-token prompt reported 16 or 20 after a preemption)."""
+    system = _ids(8, 240)
+    prompts = [(system if shared else _ids(8, 241 + k)) + _ids(4, 245 + k) for k in range(4)]
+    engine, outs = _preempting_run(model, prompts)
+    assert any(o.num_preemptions for o in outs)
+    assert [o.num_cached_tokens for o in outs] == ([0, 0, 0, 8] if shared else [0] * 4)
+
+
+def test_num_cached_tokens_bounded_by_the_prompt_without_prefix_caching(model):
+    engine, outs = _preempting_run(model, [_ids(12, 250 + k) for k in range(4)],
+                                   enable_prefix_caching=False)
+    assert any(o.num_preemptions for o in outs)
+    assert all(o.num_cached_tokens == 0 for o in outs)
+    assert engine.metrics()["preempted_prefix_cache_hit_rate"] == 0.0
+
+
+def test_first_token_step_of_a_request_preempted_before_its_first_decode(model):
+    """Blocks of 4, a pool of 4. Step 0 prefills A (7 tokens) and B (8 tokens), both sample
+    their first token. In step 1 B's 9th token needs a third block: none is free, so B (the
+    newest) is preempted before its first decode; A finishes (2 tokens) and B is recomputed
+    in step 2. B's first token is still step 0's (it was reported as step 2)."""
+    engine = _engine(model, num_blocks=4, enable_prefix_caching=False)
+    outs, arrivals = run_with_arrivals(
+        engine, [_ids(7, 260), _ids(8, 261)],
+        [SamplingParams(2, ignore_eos=True), SamplingParams(3, ignore_eos=True)], [0, 0])
+    assert [(s.prefill, s.decode, s.preempted) for s in engine.steps[:3]] == [
+        ([(0, 7), (1, 8)], [], []), ([], [0], [1]), ([(1, 9)], [], [])]
+    a, b = request_timeline(engine, arrivals, outs)
+    assert (a.first_token_step, b.first_token_step) == (0, 0)
+    assert b.ttft_steps == 1 and b.count("prefill") == 2
+    assert outs[1].num_preemptions == 1
+    assert outs[1].output_token_ids == _ref(model, _ids(8, 261), max_new_tokens=3,
+                                            ignore_eos=True)
+
+
+def test_step_record_lists_the_requests_that_sampled(model):
+    engine = LLMEngine(model, num_blocks=32, block_size=BS, max_num_batched_tokens=8)
+    run_with_arrivals(engine, [_ids(12, 270), _ids(3, 271)],
+                      SamplingParams(2, ignore_eos=True), [0, 0])
+    # step 0: the first 8 of request 0's 12 tokens (no sample); step 1: its last 4 and
+    # request 1's 3 (both sample); step 2: both decode
+    assert [s.sampled for s in engine.steps] == [[], [0, 1], [0, 1]]
+
+
+def test_run_with_arrivals_and_timeline_with_n_samples(model):
+    """A prompt with ``n = 2`` samples gives its two results in its place (it raised
+    ``KeyError: 0`` after running everything); the timeline has a row per sample."""
+    prompts = [_ids(6, 280), _ids(5, 281)]
+    params = [SamplingParams(3, n=2, temperature=1.0, seed=7), SamplingParams(4)]
+    engine = _engine(model)
+    outs, arrivals = run_with_arrivals(engine, prompts, params, [0, 1])
+    assert [o.request_id for o in outs] == [(0, 0), (0, 1), 1]
+    assert arrivals == {(0, 0): 0, (0, 1): 0, 1: 1}
+    ref = _engine(model).run(prompts, params, use_tqdm=False)
+    assert [o.output_token_ids for o in outs] == [o.output_token_ids for o in ref]
+    rows = request_timeline(engine, arrivals, outs)
+    assert [r.request_id for r in rows] == [(0, 0), (0, 1), 1]
+    assert all(r.first_token_step is not None for r in rows)
+    assert engine.sample_ids(0) == [(0, 0), (0, 1)] and engine.sample_ids(1) == [1]
+    with pytest.raises(KeyError, match="never added"):
+        engine.sample_ids(2)
+
+
+def test_arrival_time_in_the_future_is_refused(model, clock):
+    """A future ``arrival_time`` gave a negative TTFT; it raises naming the argument, and
+    nothing is queued. Now itself and the past are accepted."""
+    engine = _engine(model)
+    with pytest.raises(ValueError, match="arrival_time.*future"):
+        engine.add_request([5, 6], SamplingParams(2), arrival_time=100.5)
+    with pytest.raises(ValueError, match="arrival_time"):
+        engine.add_request([5, 6], SamplingParams(2, n=2), arrival_time=101.0)
+    assert _untouched(engine)
+    engine.add_request([5, 6], SamplingParams(2), arrival_time=100.0)
+    engine.add_request([5, 6], SamplingParams(2), arrival_time=99.0)
+    clock.now = 100.25
+    _drain(engine)
+    assert [engine.outputs[k].ttft for k in (0, 1)] == [0.25, 1.25]

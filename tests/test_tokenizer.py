@@ -89,3 +89,58 @@ def test_hf_export_tokenizer_keeps_special_spelling_as_text(tmp_path, tok):
         assert hf(text, add_special_tokens=False, split_special_tokens=False)["input_ids"] \
             == tok.encode(text, allowed_special="all"), text
         assert hf.decode(tok.encode(text)) == text
+
+
+# ------------------------------------------------------------------ lone surrogates
+SURROGATE_CASES = [("ok\ud800bad", 2, "D800"), ("\udfff", 0, "DFFF"), ("北京\udc80", 2, "DC80"),
+                   ("ok\ud83d\ude00", 2, "D83D")]     # a UTF-16 pair is still two surrogates
+
+
+def _entry_points(tok):
+    """Every call that takes text, with the name its message must give."""
+    return {"encode": (tok.encode, "text"),
+            "encode allowed_special": (lambda t: tok.encode(t, allowed_special="all"), "text"),
+            "tokens": (tok.tokens, "text"),
+            "token_to_id": (tok.token_to_id, "token"),
+            "batch_encode": (lambda t: tok.batch_encode(["fine", t]), r"texts\[1\]")}
+
+
+@pytest.mark.parametrize("text, pos, code", SURROGATE_CASES)
+@pytest.mark.parametrize("entry", ["encode", "encode allowed_special", "tokens", "token_to_id",
+                                   "batch_encode"])
+def test_lone_surrogate_raises_value_error_naming_argument_and_position(tok, text, pos, code,
+                                                                        entry):
+    """A lone surrogate made ``tokenizers`` raise ``TypeError: TextInputSequence must be
+    str`` (``token_to_id``: a ``UnicodeEncodeError``); now a ValueError that names the
+    argument, the position and the code point."""
+    call, name = _entry_points(tok)[entry]
+    with pytest.raises(ValueError, match=f"{name} holds a lone surrogate U\\+{code} at "
+                                         f"position {pos}"):
+        call(text)
+
+
+def test_train_tokenizer_names_the_line_with_a_surrogate():
+    from tokenflow.tokenizer import train_tokenizer
+    with pytest.raises(ValueError, match=r"lines\[1\] holds a lone surrogate U\+D800 at "
+                                         r"position 1"):
+        train_tokenizer(["ab", "c\ud800", "de"], 300)
+    with pytest.raises(TypeError, match=r"lines\[0\] must be a str"):
+        train_tokenizer([b"ab"], 300)
+    with pytest.raises(TypeError, match="lines must be a list of str"):
+        train_tokenizer("ab", 300)
+
+
+@pytest.mark.parametrize("text", ["\ud7ff", "\ue000", "ok\U0001F600bad", "\uffff", "\x00",
+                                  "北京\U00020000"])
+def test_code_points_next_to_the_surrogates_round_trip(tok, text):
+    """The neighbours of U+D800..U+DFFF, a real astral character and the edges of the BMP
+    are valid Unicode: encoded and decoded back unchanged."""
+    assert tok.decode(tok.encode(text)) == text
+    ids, mask = tok.batch_encode([text])
+    assert tok.decode(ids[0][mask[0] == 1]) == text
+
+
+def test_non_str_still_type_error(tok):
+    for call, name in _entry_points(tok).values():
+        with pytest.raises(TypeError):
+            call(b"ok")

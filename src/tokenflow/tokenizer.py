@@ -24,7 +24,10 @@ Llama's byte fallback writes them) when a token holds only part of a character.
 Special tokens: ``<pad>`` (0), ``<bos>`` (1), ``<eos>`` (2), ``<unk>`` (3, kept for
 compatibility; a byte-level tokenizer never needs it). Text is always just text: ``encode``
 spells a string such as ``"<eos>"`` as its characters, so user text can never inject a
-control token and every string round-trips through ``decode``. A special token comes only
+control token and every valid Unicode string round-trips through ``decode`` (a str holding a
+lone surrogate, U+D800 to U+DFFF, e.g. from ``bytes.decode(errors="surrogateescape")``, is
+not valid Unicode and has no UTF-8 bytes: every entry point that takes text refuses it with
+a ``ValueError`` naming the argument and the position). A special token comes only
 from its id (``tok.eos_token_id``) or an explicit opt-in, ``encode(text,
 allowed_special=...)``, as tiktoken's ``allowed_special`` and transformers'
 ``split_special_tokens`` do.
@@ -45,6 +48,27 @@ __all__ = ["Tokenizer", "train_tokenizer", "bytes_to_unicode", "FUNCTION_CHARS",
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 FUNCTION_CHARS = "是的在首都府省会也一座大城市"
 """Characters the pre-tokenizer isolates before BPE merges (our word segmentation)."""
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_text(text, name: str) -> str:
+    """``text`` if it is a str of valid Unicode (UTF-8 can encode it).
+
+    Raises:
+        TypeError: not a str (the message names ``name``).
+        ValueError: it holds a lone surrogate (U+D800 to U+DFFF); the message names ``name``,
+            the position and the code point.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a str, got {type(text).__name__}")
+    bad = _SURROGATE.search(text)
+    if bad is not None:
+        raise ValueError(f"{name} holds a lone surrogate U+{ord(bad.group()):04X} at position "
+                         f"{bad.start()}: not valid Unicode, UTF-8 cannot encode it (decode "
+                         f"bytes with errors='replace' instead of 'surrogateescape')")
+    return text
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -90,10 +114,16 @@ def train_tokenizer(lines: list[str], vocab_size: int = 1024) -> "Tokenizer":
             occurs twice); at least ``4 + 256``.
 
     Raises:
-        ValueError: if ``lines`` is empty or ``vocab_size`` is smaller than specials + bytes.
+        TypeError: ``lines`` is a str or holds a non-str (naming ``lines[i]``).
+        ValueError: if ``lines`` is empty, a line holds a lone surrogate (naming ``lines[i]``
+            and the position), or ``vocab_size`` is smaller than specials + bytes.
     """
+    if isinstance(lines, str):
+        raise TypeError("lines must be a list of str, got a str")
     if not lines:
         raise ValueError("lines must be a non-empty list of sentences")
+    for i, line in enumerate(lines):
+        _check_text(line, f"lines[{i}]")
     smallest = len(SPECIAL_TOKENS) + 256
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < smallest:
         raise ValueError(f"vocab_size must be an int >= {smallest} (specials + 256 bytes), "
@@ -143,7 +173,8 @@ class Tokenizer:
         """``text -> [S]`` token ids (no special tokens added).
 
         Text that spells a special token (``"<eos>"``, ``"<pad>"``, ...) is encoded as its
-        characters, like any other text, so ``decode(encode(text)) == text`` for every str.
+        characters, like any other text, so ``decode(encode(text)) == text`` for every str
+        of valid Unicode.
 
         Args:
             text: the text.
@@ -155,10 +186,10 @@ class Tokenizer:
         Raises:
             TypeError: if ``text`` is not a str, or ``allowed_special`` is neither ``"all"``
                 nor a collection of str.
-            ValueError: if ``allowed_special`` names a string that is not a special token.
+            ValueError: if ``text`` holds a lone surrogate (the message gives its position),
+                or ``allowed_special`` names a string that is not a special token.
         """
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        _check_text(text, "text")
         allowed = self._allowed_special(allowed_special)
         if not allowed:
             return self.tok.encode(text, add_special_tokens=False).ids
@@ -193,7 +224,7 @@ class Tokenizer:
         """The text of each token of ``text`` (see :meth:`id_to_token`).
 
         Raises:
-            TypeError: if ``text`` is not a str.
+            TypeError: if ``text`` is not a str. ValueError: if it holds a lone surrogate.
         """
         return [self.id_to_token(i) for i in self.encode(text)]
 
@@ -261,10 +292,10 @@ class Tokenizer:
 
         Raises:
             TypeError: if ``token`` is not a str.
+            ValueError: if it holds a lone surrogate.
             KeyError: if no single token has that text.
         """
-        if not isinstance(token, str):
-            raise TypeError(f"token must be a str, got {type(token).__name__}")
+        _check_text(token, "token")
         if token in SPECIAL_TOKENS:
             return self.tok.token_to_id(token)
         hexes = re.fullmatch(r"(?:<0x[0-9A-F]{2}>)+", token)
@@ -283,12 +314,15 @@ class Tokenizer:
 
         Raises:
             TypeError: if ``texts`` is a str or holds a non-str.
-            ValueError: if ``texts`` is empty or a text encodes to no tokens.
+            ValueError: if ``texts`` is empty, a text holds a lone surrogate (naming
+                ``texts[i]`` and the position) or a text encodes to no tokens.
         """
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise TypeError("texts must be a list of str (for one text, use encode or [text])")
         if not texts:
             raise ValueError("texts must be a non-empty list of str")
+        for i, t in enumerate(texts):
+            _check_text(t, f"texts[{i}]")
         seqs = [self.encode(t) for t in texts]
         if any(len(s) == 0 for s in seqs):
             raise ValueError("every text must encode to at least one token")

@@ -160,17 +160,53 @@ def _mla_entry_elements(kv_lora_rank: int, qk_rope_head_dim: int) -> int:
     return kv_lora_rank + qk_rope_head_dim
 
 
-def _kv_layer_bytes(c: ModelConfig, bytes_per_element: float, tp_size: int = 1) -> float:
-    """Bytes one token adds to one layer's cache on one of ``tp_size`` devices: K and V of
-    ``num_key_value_heads / tp_size`` heads (at least one head: replicated when
-    ``tp_size > num_key_value_heads``), or MLA's latent + RoPE key (replicated)."""
+def _kv_share(c: ModelConfig, tp_size: int) -> float:
+    """Share of the K/V heads one of ``tp_size`` tensor-parallel devices holds: their
+    cache entries and their projection weights (``k_proj`` / ``v_proj``). The heads are
+    split while there are enough, ``num_key_value_heads / tp_size`` per device, and a head
+    is never split: when ``tp_size > num_key_value_heads`` every device holds one whole head
+    (replicated ``tp_size / num_key_value_heads`` times; Megatron-LM and vLLM replicate the
+    KV heads so). MLA caches one latent per token, which every device needs: share 1 (its
+    ``kv_a_proj_with_mqa`` and ``kv_a_layernorm`` are replicated, vLLM's
+    ``ReplicatedLinear``).
+
+    Raises:
+        ValueError: ``tp_size`` neither divides ``num_key_value_heads`` nor is a multiple of
+            it (GQA/MQA).
+    """
     if c.is_mla:
-        return _mla_entry_elements(c.kv_lora_rank, c.qk_rope_head_dim) * bytes_per_element
+        return 1.0
     nkv = c.num_key_value_heads
     if nkv % tp_size and tp_size % nkv:
         raise ValueError(f"tp_size ({tp_size}) must divide num_key_value_heads ({nkv}) or be "
                          "a multiple of it")
-    return 2 * max(nkv / tp_size, 1) * c.head_dim * bytes_per_element
+    return max(nkv / tp_size, 1) / nkv
+
+
+def _kv_proj_params(c: ModelConfig) -> int:
+    """Parameters of one layer's K/V projections: ``k_proj`` and ``v_proj`` with their
+    biases (GQA/MQA), or MLA's ``kv_a_proj_with_mqa`` and ``kv_a_layernorm`` (the latent and
+    RoPE key every head reads). Part of :func:`_attn_params`."""
+    H = c.hidden_size
+    if c.is_mla:
+        return H * _mla_entry_elements(c.kv_lora_rank, c.qk_rope_head_dim) + c.kv_lora_rank
+    kv = c.num_key_value_heads * c.head_dim
+    return 2 * H * kv + 2 * kv * c.attention_bias
+
+
+def _attention_params_per_device(c: ModelConfig, tp_size: int) -> float:
+    """Attention parameters (all layers) one of ``tp_size`` devices holds: the K/V
+    projections at :func:`_kv_share`, everything else split over ``tp_size``."""
+    kv = _kv_proj_params(c) * c.num_hidden_layers
+    return (param_breakdown(c)["attention"] - kv) / tp_size + kv * _kv_share(c, tp_size)
+
+
+def _kv_layer_bytes(c: ModelConfig, bytes_per_element: float, tp_size: int = 1) -> float:
+    """Bytes one token adds to one layer's cache on one of ``tp_size`` devices: K and V of
+    the heads :func:`_kv_share` gives the device, or MLA's latent + RoPE key (replicated)."""
+    if c.is_mla:
+        return _mla_entry_elements(c.kv_lora_rank, c.qk_rope_head_dim) * bytes_per_element
+    return 2 * c.num_key_value_heads * _kv_share(c, tp_size) * c.head_dim * bytes_per_element
 
 
 def kv_cache_bytes(config: ModelConfig, batch: int, context_len: int,
@@ -224,16 +260,19 @@ def weight_bytes_per_device(config: ModelConfig, tp_size: int = 1, ep_size: int 
 
     Layout assumed (Megatron-style TP, DeepSeek-style EP): routed experts are split over
     ``ep_size`` devices (``E / ep_size`` whole experts each); attention, dense FFN, shared
-    experts, embedding and LM head (vocab-parallel) are split over ``tp_size``; norms and
-    router are replicated. Data parallelism replicates weights (no change per device; it
-    divides the batch). MTP modules are not included.
+    experts, embedding and LM head (vocab-parallel) are split over ``tp_size``, except the
+    K/V projections: split by whole heads, replicated once ``tp_size`` exceeds
+    ``num_key_value_heads`` (the rule of the KV cache, :func:`kv_cache_bytes`; MLA's latent
+    projection is replicated); norms and router are replicated. Data parallelism replicates
+    weights (no change per device; it divides the batch). MTP modules are not included.
 
     Returns:
         ``{"tensor_parallel", "expert_parallel", "replicated", "total"}`` in bytes (floats).
 
     Raises:
         ValueError: ``tp_size`` / ``ep_size`` < 1, ``ep_size`` not dividing ``num_experts``
-            (MoE configs), ``tp_size`` not dividing ``num_attention_heads``.
+            (MoE configs), ``tp_size`` not dividing ``num_attention_heads``, or neither
+            dividing ``num_key_value_heads`` nor a multiple of it.
     """
     c, b = config, param_breakdown(config)
     _check_count("tp_size", tp_size, 1)
@@ -244,8 +283,8 @@ def weight_bytes_per_device(config: ModelConfig, tp_size: int = 1, ep_size: int 
                          f"({c.num_attention_heads})")
     if c.num_experts and c.num_experts % ep_size:
         raise ValueError(f"ep_size ({ep_size}) must divide num_experts ({c.num_experts})")
-    tp = sum(b[k] for k in ("embedding", "attention", "dense_ffn", "shared_experts",
-                            "lm_head")) / tp_size
+    tp = sum(b[k] for k in ("embedding", "dense_ffn", "shared_experts", "lm_head")) / tp_size
+    tp += _attention_params_per_device(c, tp_size)
     out = {"tensor_parallel": tp * bytes_per_param,
            "expert_parallel": b["routed_experts"] / ep_size * bytes_per_param,
            "replicated": (b["norms"] + b["router"]) * bytes_per_param}
@@ -644,8 +683,9 @@ def forward_weight_bytes(config: ModelConfig, tokens: int, bytes_per_element: fl
     of a pass until every expert is hit (:func:`expected_experts_touched`, uniform routing).
     ``embedding``: one row of ``H`` elements per token (a lookup, not the table; a learned
     position table, if any, is counted whole). Other parts: whole, at the layout of
-    :func:`weight_bytes_per_device` (``tp_size`` splits embedding rows, attention, dense FFN,
-    shared experts and LM head; ``ep_size`` gives the device ``E / ep_size`` experts, touched
+    :func:`weight_bytes_per_device` (``tp_size`` splits embedding rows, attention (K/V
+    heads down to one per device), dense FFN, shared experts and LM head; ``ep_size`` gives
+    the device ``E / ep_size`` experts, touched
     by the ``tokens * max(ep_size // tp_size, 1)`` tokens of its expert-parallel group).
     The weights term of :func:`forward_bytes`.
 
@@ -663,8 +703,8 @@ def forward_weight_bytes(config: ModelConfig, tokens: int, bytes_per_element: fl
     weight_bytes_per_device(c, tp_size, ep_size, b)          # validates the layout
     p = param_breakdown(c)
     table = 0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size
-    out = {k: p[k] * b / tp_size for k in ("attention", "dense_ffn", "shared_experts",
-                                           "lm_head")}
+    out = {k: p[k] * b / tp_size for k in ("dense_ffn", "shared_experts", "lm_head")}
+    out["attention"] = _attention_params_per_device(c, tp_size) * b
     out["embedding"] = (p["embedding"] - table + tokens * c.hidden_size) / tp_size * b
     out["norms"], out["router"] = p["norms"] * b, p["router"] * b
     out["routed_experts"], touched = 0.0, 0.0

@@ -14,7 +14,7 @@ import numbers
 
 import torch
 
-from tokenflow.model.kv_cache import KVCache
+from tokenflow.model.kv_cache import CacheStorage, KVCache
 from .sampling import check_sampling_args, check_token_ids, is_greedy, sample
 
 __all__ = ["prefill", "decode_step", "generate"]
@@ -33,9 +33,14 @@ def prefill(model, input_ids: torch.Tensor, kv_cache: KVCache,
         ``[B, V]`` logits of the last prompt position (where the next token is predicted).
 
     Raises:
+        TypeError: ``kv_cache`` is not a :class:`~tokenflow.model.kv_cache.KVCache` (any
+            cache storage).
         ValueError: a non-empty ``kv_cache``; and as the model's forward (ids, lengths, cache
             capacity, cache dtype/device).
     """
+    if not isinstance(kv_cache, CacheStorage):
+        raise TypeError(f"kv_cache must be a KVCache, got {type(kv_cache).__name__} (prefill "
+                        "fills a cache; model(ids) runs without one)")
     if kv_cache.length != 0:
         raise ValueError(
             f"prefill needs an empty kv_cache, got one holding {kv_cache.length} tokens: call "

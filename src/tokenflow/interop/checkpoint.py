@@ -26,17 +26,41 @@ def _data_path(name: str) -> Path:
     return Path(str(resources.files("tokenflow") / "data" / name))
 
 
+def _check_dtype(dtype) -> torch.dtype:
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype such as torch.float32, got "
+                        f"{type(dtype).__name__} {dtype!r}")
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating dtype (torch.float32, torch.bfloat16, "
+                         f"...), got {dtype}")
+    return dtype
+
+
 def save_model(model: TokenFlowModel, path: str | Path, metadata: dict | None = None) -> None:
-    """Write ``model``'s state dict and config to a ``.safetensors`` file.
+    """Write ``model``'s state dict (in the model's dtype) and config to a ``.safetensors``
+    file.
+
+    Args:
+        model: the model (untied LM head).
+        path: the file to write (str or ``Path``).
+        metadata: more ``{key: value}`` strings for the file's metadata (values are written
+            with ``str``); ``config`` is the key of the model's config and cannot be set.
 
     Raises:
-        ValueError: if the model ties its LM head (save untied models only).
+        ValueError: if the model ties its LM head (save untied models only), or ``metadata``
+            sets ``config``.
+        TypeError: ``metadata`` is not a dict with str keys.
     """
     if model.config.tie_word_embeddings:
         raise ValueError("save_model: tied embeddings are not supported; "
                          "set tie_word_embeddings=False")
+    metadata = {} if metadata is None else metadata
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata):
+        raise TypeError(f"metadata must be a dict with str keys or None, got {metadata!r}")
+    if "config" in metadata:
+        raise ValueError("metadata must not set 'config': that key holds the model's config")
     meta = {"config": json.dumps(model.config.to_dict())}
-    meta.update({k: str(v) for k, v in (metadata or {}).items()})
+    meta.update({k: str(v) for k, v in metadata.items()})
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(path), metadata=meta)
 
@@ -48,15 +72,22 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> TokenFlo
     so a damaged or foreign file fails with a ``ValueError`` that names the file (and the
     tensor), never a bare ``SafetensorError`` or ``RuntimeError: size mismatch``.
 
+    Args:
+        path: the ``.safetensors`` file (str or ``Path``).
+        dtype: the floating dtype of the returned model's weights, whatever the file holds
+            (``torch.float32`` default; ``torch.bfloat16`` halves the memory).
+
     Raises:
+        TypeError: ``dtype`` is not a ``torch.dtype``.
         FileNotFoundError: if ``path`` does not exist.
         ValueError: naming ``path``, if it is a directory; is not a complete safetensors file
             (empty, truncated at any point, extra bytes, not safetensors at all); has no
             ``config`` metadata or one that is not a valid :class:`ModelConfig`; lacks a
             tensor the config needs or holds one it does not (listing the names); or holds a
             tensor of the wrong shape (naming it, with the file's and the model's shape) or a
-            non-floating dtype where the model has a floating one.
+            non-floating dtype where the model has a floating one; ``dtype`` not floating.
     """
+    _check_dtype(dtype)
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no weights file at {path}")
@@ -103,10 +134,14 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> TokenFlo
 def load_pretrained(dtype: torch.dtype = torch.float32) -> tuple[TokenFlowModel, Tokenizer]:
     """The book's trained tiny model and its tokenizer, from the package data, in eval mode.
 
+    Args:
+        dtype: the model's floating dtype (as :func:`load_model`).
+
     Returns:
         ``(model, tokenizer)``.
 
     Raises:
+        TypeError, ValueError: a ``dtype`` that is not a floating ``torch.dtype``.
         ValueError: the shipped weights file is damaged (see :func:`load_model`; the message
             names the file).
     """

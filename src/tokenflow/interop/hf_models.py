@@ -89,6 +89,10 @@ def _moe_block_problem(config: ModelConfig, arch: str) -> str | None:
             return "DeepseekV3MoE always has shared experts"
         if config.num_experts // config.n_group < 2:
             return "DeepseekV3TopkRouter needs at least 2 experts per group (top-2 group score)"
+        if config.n_group > 1 and config.topk_method != "noaux_tc":
+            return ("DeepseekV3TopkRouter ranks expert groups by the sum of their top-2 scores "
+                    f"(topk_method='noaux_tc'), this config by topk_method="
+                    f"{config.topk_method!r}")
     else:
         return f"unknown architecture {arch!r}"
     if arch != "deepseek_v3":
@@ -194,7 +198,7 @@ def to_hf_config(config: ModelConfig, architecture: str | None = None):
     common = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size,
                   num_hidden_layers=c.num_hidden_layers,
                   num_attention_heads=c.num_attention_heads,
-                  num_key_value_heads=c.num_key_value_heads, hidden_act="silu",
+                  num_key_value_heads=c.num_key_value_heads, hidden_act=c.hidden_act,
                   max_position_embeddings=c.max_position_embeddings,
                   rms_norm_eps=c.rms_norm_eps, tie_word_embeddings=c.tie_word_embeddings,
                   rope_parameters=rope,
@@ -574,7 +578,8 @@ def _moe_config_view(moe) -> ModelConfig:
                        num_shared_experts=n_shared, scoring_func=g.scoring_func,
                        norm_topk_prob=g.norm_topk_prob,
                        routed_scaling_factor=g.routed_scaling_factor, n_group=g.n_group,
-                       topk_group=g.topk_group, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+                       topk_group=g.topk_group, topk_method=g.topk_method, pad_token_id=0,
+                       bos_token_id=0, eos_token_id=0)
 
 
 def moe_to_hf(moe, hf_block) -> None:

@@ -17,6 +17,8 @@ from typing import Any
 __all__ = ["ModelConfig", "PRESETS", "preset"]
 
 _SCORING = ("softmax", "sigmoid")
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+"""``topk_method`` values (how group-limited routing ranks expert groups; DeepSeek's names)."""
 _NORMS = ("rmsnorm", "layernorm")
 _POSITIONS = ("rope", "absolute")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -50,10 +52,18 @@ class ModelConfig:
         routed_scaling_factor: multiplies the routed weights (DeepSeek-V3 uses 2.5).
         n_group, topk_group: group-limited routing (choose ``topk_group`` of ``n_group``
             expert groups first); ``n_group=1`` disables it.
+        topk_method: how the groups are ranked (DeepSeek's ``topk_method``): ``"noaux_tc"``
+            (V3: sum of a group's 2 best selection scores), ``"group_limited_greedy"`` (V2:
+            its best score) or ``"greedy"`` (the groups are ignored); see
+            :func:`tokenflow.model.moe.route`.
         max_position_embeddings: longest sequence (prompt + generated) the model accepts.
         rope_theta: RoPE base frequency.
         rms_norm_eps: epsilon in RMSNorm.
         tie_word_embeddings: share the embedding table with the LM head.
+        hidden_act: the FFN's (and experts') activation on the gate, an HF ``hidden_act``
+            name: ``"silu"`` (SwiGLU), ``"gelu"``, ``"gelu_new"``, ``"gelu_pytorch_tanh"``,
+            ``"relu"`` (:data:`tokenflow.model.ffn.ACTIVATIONS`; GPT-2's ``activation_function``
+            for ``gated_mlp=False``).
         pad_token_id, bos_token_id: special token ids.
         eos_token_id: the end-of-sequence id, or a tuple of several (HF's ``eos_token_id``
             list, e.g. Llama 3 Instruct's ``[128001, 128009]``: generation stops at any),
@@ -118,10 +128,12 @@ class ModelConfig:
     routed_scaling_factor: float = 1.0
     n_group: int = 1
     topk_group: int = 1
+    topk_method: str = "noaux_tc"
     max_position_embeddings: int = 128
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
+    hidden_act: str = "silu"
     pad_token_id: int = 0
     bos_token_id: int = 1
     eos_token_id: int | tuple[int, ...] | None = 2
@@ -209,10 +221,19 @@ class ModelConfig:
                     f"{self.num_experts_per_tok}")
         if self.scoring_func not in _SCORING:
             raise ValueError(f"scoring_func must be one of {_SCORING}, got {self.scoring_func!r}")
+        if self.topk_method not in TOPK_METHODS:
+            raise ValueError(f"topk_method must be one of {TOPK_METHODS}, "
+                             f"got {self.topk_method!r}")
         if self.rope_theta <= 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
         if self.rms_norm_eps <= 0:
             raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        from .ffn import ACTIVATIONS
+        if not isinstance(self.hidden_act, str):
+            raise TypeError(f"hidden_act must be a str, got {self.hidden_act!r}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act must be one of {sorted(ACTIVATIONS)}, "
+                             f"got {self.hidden_act!r}")
         self._validate_rope_scaling()
         self._validate_structure()
         for name in ("pad_token_id", "bos_token_id"):
@@ -324,19 +345,38 @@ class ModelConfig:
 
     @property
     def is_moe(self) -> bool:
-        """True when at least one layer routes tokens to experts."""
-        return self.num_experts > 0 and self.first_k_dense_replace < self.num_hidden_layers
+        """True when at least one layer routes tokens to experts (:meth:`layer_is_moe`):
+        False for ``num_experts == 0``, for ``first_k_dense_replace >= num_hidden_layers``
+        and when no layer from ``first_k_dense_replace`` on is a multiple of
+        ``moe_layer_freq``."""
+        return any(self.layer_is_moe(i) for i in range(self.num_hidden_layers))
+
+    def _check_layer(self, layer_idx) -> None:
+        if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or \
+                not 0 <= layer_idx < self.num_hidden_layers:
+            raise ValueError(f"layer_idx must be an int in [0, num_hidden_layers="
+                             f"{self.num_hidden_layers}), got {layer_idx!r}")
 
     def layer_is_moe(self, layer_idx: int) -> bool:
         """True when decoder block ``layer_idx`` uses the MoE feed-forward: ``num_experts > 0``,
         ``layer_idx >= first_k_dense_replace`` and ``layer_idx % moe_layer_freq == 0``
-        (DeepSeek-V2's rule)."""
+        (HF ``DeepseekV2DecoderLayer``'s rule).
+
+        Raises:
+            ValueError: ``layer_idx`` outside ``[0, num_hidden_layers)``.
+        """
+        self._check_layer(layer_idx)
         return self.num_experts > 0 and layer_idx >= self.first_k_dense_replace and \
             layer_idx % self.moe_layer_freq == 0
 
     def layer_is_sliding(self, layer_idx: int) -> bool:
         """True when decoder block ``layer_idx`` attends to (and caches) only the last
-        ``sliding_window`` tokens."""
+        ``sliding_window`` tokens.
+
+        Raises:
+            ValueError: ``layer_idx`` outside ``[0, num_hidden_layers)``.
+        """
+        self._check_layer(layer_idx)
         if self.layer_types is not None:
             return self.layer_types[layer_idx] == "sliding_attention"
         return self.sliding_window is not None

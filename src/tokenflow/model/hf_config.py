@@ -7,7 +7,10 @@ families below (``model_type``; the field names of ``transformers`` 5.x
 parameter count, KV-cache bytes or FLOPs. Metadata and training knobs (dropout, aux-loss
 coefficients, ``quantization_config``: the weight dtype is an argument of the memory
 functions) are ignored by name; any other field with a value raises ``ValueError`` naming it,
-instead of being dropped and miscounted.
+instead of being dropped and miscounted. A field a config of a listed ``model_type`` omits
+takes the default of that family's ``transformers`` config class (:data:`_HF_DEFAULTS`), as
+``AutoConfig`` would give it; a dict without ``model_type`` is our own format (the bundled
+reference configs) and keeps the parser's generic defaults.
 
 ==============  ==================================================================
 model_type      what is read beyond the Llama fields
@@ -44,34 +47,116 @@ _name_or_path architectures model_type dtype torch_dtype transformers_version au
 initializer_range initializer_factor use_cache attention_dropout hidden_dropout embd_pdrop
 attn_pdrop resid_pdrop output_attentions output_hidden_states return_dict problem_type id2label
 label2id chunk_size_feed_forward router_aux_loss_coef output_router_logits router_jitter_noise
-aux_loss_alpha seq_aux hidden_act activation_function pretraining_tp rope_interleave
+aux_loss_alpha seq_aux pretraining_tp rope_interleave
 swiglu_limit swiglu_alpha quantization_config ep_size scale_attn_weights
 scale_attn_by_inverse_layer_idx reorder_and_upcast_attn n_ctx initial_context_length
 tokenizer_class use_bfloat16 torchscript tf_legacy_loss pruned_heads tie_encoder_decoder
 is_decoder finetuning_task prefix task_specific_params decoder_start_token_id sep_token_id
 is_encoder_decoder add_cross_attention bos_token_id eos_token_id pad_token_id
 """.split())
-"""Fields that change no count, memory or FLOPs (metadata, dropout, training knobs, the
-activation function, ``quantization_config``). ``is_encoder_decoder`` and
+"""Fields that change no count, memory or FLOPs (metadata, dropout, training knobs,
+``quantization_config``). ``is_encoder_decoder`` and
 ``add_cross_attention`` are checked to be false."""
 _IGNORED_PREFIXES = ("summary_",)
 _GPT2_NAMES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers",
                "n_head": "num_attention_heads", "n_positions": "max_position_embeddings",
-               "n_inner": "intermediate_size", "layer_norm_epsilon": "rms_norm_eps"}
-_TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+               "n_inner": "intermediate_size", "layer_norm_epsilon": "rms_norm_eps",
+               "activation_function": "hidden_act"}
+
+
+_LLAMA_SHAPE = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                    num_hidden_layers=32, num_attention_heads=32)
+_QWEN_SHAPE = dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016,
+                   num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                   max_position_embeddings=32768)
+_QWEN_WINDOW = dict(use_sliding_window=False, sliding_window=4096, max_window_layers=28)
+_HF_DEFAULTS = {
+    "llama": dict(**_LLAMA_SHAPE, max_position_embeddings=2048, rms_norm_eps=1e-6,
+                  attention_bias=False, mlp_bias=False, bos_token_id=1, eos_token_id=2),
+    "mistral": dict(_LLAMA_SHAPE, intermediate_size=14336, num_key_value_heads=8,
+                    max_position_embeddings=131072, rms_norm_eps=1e-6, sliding_window=4096,
+                    bos_token_id=1, eos_token_id=2),
+    "qwen2": dict(**_QWEN_SHAPE, **_QWEN_WINDOW, rms_norm_eps=1e-6),
+    "qwen3": dict(**_QWEN_SHAPE, **_QWEN_WINDOW, head_dim=128, rms_norm_eps=1e-6,
+                  attention_bias=False),
+    "mixtral": dict(_LLAMA_SHAPE, intermediate_size=14336, num_key_value_heads=8,
+                    max_position_embeddings=131072, rms_norm_eps=1e-5, num_local_experts=8,
+                    num_experts_per_tok=2, bos_token_id=1, eos_token_id=2),
+    "qwen2_moe": dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632,
+                      num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16,
+                      max_position_embeddings=32768, rms_norm_eps=1e-6, **_QWEN_WINDOW,
+                      decoder_sparse_step=1, moe_intermediate_size=1408,
+                      shared_expert_intermediate_size=5632, num_experts_per_tok=4,
+                      num_experts=60, norm_topk_prob=False, qkv_bias=True),
+    "qwen3_moe": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                      num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=4,
+                      max_position_embeddings=32768, rms_norm_eps=1e-6, attention_bias=False,
+                      use_sliding_window=False, sliding_window=4096, decoder_sparse_step=1,
+                      moe_intermediate_size=768, num_experts_per_tok=8, num_experts=128,
+                      norm_topk_prob=False),
+    "deepseek_v2": dict(vocab_size=102400, hidden_size=4096, intermediate_size=11008,
+                        num_hidden_layers=32, num_attention_heads=32,
+                        max_position_embeddings=2048, rms_norm_eps=1e-6, attention_bias=False,
+                        mlp_bias=False, first_k_dense_replace=0, kv_lora_rank=512,
+                        q_lora_rank=1536, n_routed_experts=64, n_shared_experts=2,
+                        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                        routed_scaling_factor=1.0, topk_method="greedy", norm_topk_prob=False,
+                        moe_intermediate_size=1407, bos_token_id=1, eos_token_id=2),
+    "deepseek_v3": dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+                        moe_intermediate_size=2048, num_hidden_layers=61,
+                        num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1,
+                        n_routed_experts=256, routed_scaling_factor=2.5, kv_lora_rank=512,
+                        q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
+                        qk_nope_head_dim=128, n_group=8, topk_group=4, num_experts_per_tok=8,
+                        first_k_dense_replace=3, norm_topk_prob=True,
+                        max_position_embeddings=4096, rms_norm_eps=1e-6, attention_bias=False,
+                        num_nextn_predict_layers=1, bos_token_id=0, eos_token_id=1),
+    "gpt_oss": dict(num_hidden_layers=36, num_local_experts=128, vocab_size=201088,
+                    hidden_size=2880, intermediate_size=2880, head_dim=64,
+                    num_attention_heads=64, num_key_value_heads=8, sliding_window=128,
+                    max_position_embeddings=131072, rms_norm_eps=1e-5, num_experts_per_tok=4,
+                    attention_bias=True),
+    "gpt2": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
+                 activation_function="gelu_new", layer_norm_epsilon=1e-5,
+                 tie_word_embeddings=True, bos_token_id=50256, eos_token_id=50256),
+}
+"""What a field a config omits takes, per ``model_type``: the defaults of ``transformers``
+5.x's config classes (``LlamaConfig()`` ... ``GPT2Config()``, their ``__init__`` defaults).
+Fields HF derives from others (``head_dim``, ``num_key_value_heads`` of Llama and
+DeepSeek-V2, ``layer_types``, ``n_inner``) are derived by the parser as HF does; the RoPE
+defaults are in :data:`_DEFAULT_ROPE`. A field no entry lists takes the parser's generic
+default (``hidden_act`` ``"silu"``, ``tie_word_embeddings`` False, ...), which is also what
+that family's HF class uses (``tests/test_hf_config.py`` checks every family)."""
+_DEFAULT_ROPE = {"mixtral": ({}, 1e6),
+                 "gpt_oss": ({"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                              "beta_slow": 1.0, "truncate": False,
+                              "original_max_position_embeddings": 4096}, 150000.0)}
+"""``model_type -> (rope_parameters without rope_theta, rope_theta)`` when a config gives
+none (HF's ``default_theta`` of the config class and, for gpt-oss, its default YaRN); other
+families: plain RoPE with theta 10000."""
 
 
 class _Reader:
-    """``g(key, default)`` reads ``d[key]`` (``None`` counts as missing) and remembers the
-    key as understood; ``problem(field, why)`` collects what cannot be expressed."""
+    """``g(key, default)`` reads ``d[key]``; a key ``d`` lacks takes ``defaults[key]`` (the
+    family's HF default); ``None`` either way gives ``default``. It remembers the key as
+    understood; ``first(keys)`` reads the first of several spellings ``d`` has (else their
+    default); ``problem(field, why)`` collects what cannot be expressed."""
 
-    def __init__(self, d: dict):
-        self.d, self.read, self.problems = d, set(), []
+    def __init__(self, d: dict, defaults: dict | None = None):
+        self.d, self.defaults, self.read, self.problems = d, defaults or {}, set(), []
 
     def __call__(self, key: str, default=None):
         self.read.add(key)
-        v = self.d.get(key)
+        v = self.d[key] if key in self.d else self.defaults.get(key)
         return default if v is None else v
+
+    def first(self, keys: tuple, default=None):
+        self.read.update(keys)
+        for source in (self.d, self.defaults):
+            for k in keys:
+                if source.get(k) is not None:
+                    return source[k]
+        return default
 
     def problem(self, key: str, why: str) -> None:
         self.read.add(key)
@@ -96,9 +181,11 @@ def parse_hf_config(d: dict, allow_unsupported: bool = False) -> dict:
     mt = d.get("model_type")
     if mt is not None and mt not in FAMILIES:
         raise ValueError(f"model_type {mt!r} is not supported (supported: {list(FAMILIES)})")
+    defaults = _HF_DEFAULTS.get(mt, {})
     if mt == "gpt2":
         d = {_GPT2_NAMES.get(k, k): v for k, v in d.items()}
-    g = _Reader(d)
+        defaults = {_GPT2_NAMES.get(k, k): v for k, v in defaults.items()}
+    g = _Reader(d, defaults)
     kw = _common(g, mt)
     for part in (_attention, _windows, _moe, _rope):
         kw.update(part(g, mt))
@@ -130,12 +217,26 @@ def _common(g: _Reader, mt: str | None) -> dict:
         head_dim=g("head_dim") or (None if g("kv_lora_rank") else hidden // n_heads),
         intermediate_size=inter,
         max_position_embeddings=g("max_position_embeddings", 2048),
-        rms_norm_eps=float(g("rms_norm_eps") or g("layer_norm_eps") or 1e-6),
+        rms_norm_eps=float(g.first(("rms_norm_eps", "layer_norm_eps"), 1e-6)),
         tie_word_embeddings=bool(g("tie_word_embeddings", gpt2)),
         gated_mlp=not gpt2, norm_type="layernorm" if gpt2 else "rmsnorm",
         position_embedding_type="absolute" if gpt2 else "rope",
         mlp_bias=bool(g("mlp_bias", False)) or mt in ("gpt2", "gpt_oss"),
+        hidden_act=_activation(g, mt),
         num_nextn_predict_layers=int(g("num_nextn_predict_layers", 0)))
+
+
+def _activation(g: _Reader, mt: str | None) -> str:
+    """``hidden_act`` (GPT-2: ``activation_function``), one of the activations the model
+    runs (:data:`tokenflow.model.ffn.ACTIVATIONS`, HF's ``ACT2FN`` names)."""
+    from .ffn import ACTIVATIONS
+    act = g("hidden_act", "gelu_new" if mt == "gpt2" else "silu")
+    if act not in ACTIVATIONS:
+        name = "activation_function" if mt == "gpt2" else "hidden_act"
+        g.problem("hidden_act", f"{name} {act!r} is not supported (supported: "
+                  f"{sorted(ACTIVATIONS)})")
+        return "silu"
+    return act
 
 
 def _attention(g: _Reader, mt: str | None) -> dict:
@@ -162,7 +263,8 @@ def _windows(g: _Reader, mt: str | None) -> dict:
     ``configuration_<family>.py``): the window is used only with ``use_sliding_window``;
     qwen2 / qwen3 slide in layers ``i >= max_window_layers`` (default 28, the first layers
     are full), qwen2_moe in the even layers ``i < max_window_layers``, qwen3_moe in every
-    layer (its config has no ``max_window_layers``). A ``layer_types`` with sliding layers but
+    layer (its config has no ``max_window_layers``); gpt-oss alternates, sliding in the even
+    layers (``GptOssConfig``). A ``layer_types`` with sliding layers but
     no window in use means every layer is full (HF's attention reads ``sliding_window=None``).
     """
     w, types, L = g("sliding_window"), g("layer_types"), g("num_hidden_layers")
@@ -177,6 +279,8 @@ def _windows(g: _Reader, mt: str | None) -> dict:
             elif mt == "qwen2_moe":
                 types = ["sliding_attention" if i % 2 == 0 and i < first else "full_attention"
                          for i in range(L)]
+    elif mt == "gpt_oss" and types is None and w is not None:
+        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L)]
     if types is not None:
         types = list(types)
         if w is None or "sliding_attention" not in types:
@@ -186,18 +290,32 @@ def _windows(g: _Reader, mt: str | None) -> dict:
     return dict(sliding_window=w, layer_types=types)
 
 
+_FAMILY_TOPK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"),
+                        "deepseek_v3": ("noaux_tc",)}
+"""The ``topk_method`` values ``transformers``' routers implement: ``DeepseekV2TopkRouter``
+branches on the two greedy ones, ``DeepseekV3TopkRouter`` always ranks groups by the sum of
+their top-2 scores."""
+
+
 def _moe(g: _Reader, mt: str | None) -> dict:
     """Experts, top-k, shared experts, router, which layers are MoE."""
-    experts = int(g("num_local_experts") or g("n_routed_experts") or g("num_experts") or 0)
-    k = g("num_experts_per_tok") or g("experts_per_token") or 2
+    experts = int(g.first(("num_local_experts", "n_routed_experts", "num_experts"), 0))
+    k = g.first(("num_experts_per_tok", "experts_per_token"))
+    if k is None and experts and mt == "deepseek_v2":
+        g.problem("num_experts_per_tok", "num_experts_per_tok is missing: DeepseekV2Config "
+                  "has no default for it (None; its router cannot run)")
+    k = 2 if k is None else k
     inter = g("intermediate_size")
     scoring = g("scoring_func", "sigmoid" if mt == "deepseek_v3" else "softmax")
     if scoring not in ("softmax", "sigmoid"):
         g.problem("scoring_func", f"scoring_func {scoring!r} is not modelled (softmax, sigmoid)")
         scoring = "softmax"
-    method = g("topk_method")
-    if method is not None and method not in _TOPK_METHODS:
-        g.problem("topk_method", f"topk_method {method!r} is not modelled ({_TOPK_METHODS})")
+    method = g("topk_method", "greedy" if mt == "deepseek_v2" else "noaux_tc")
+    allowed = _FAMILY_TOPK_METHODS.get(mt, (method,))    # others: ModelConfig checks it
+    if method not in allowed:
+        g.problem("topk_method", f"topk_method {method!r} is not modelled for model_type "
+                  f"{mt!r} (HF's router implements {allowed})")
+        method = allowed[0]
     renorm = mt in ("mixtral", "gpt_oss") or (mt is None and "num_local_experts" in g.d)
     kw = dict(num_experts=experts, num_experts_per_tok=int(k) if experts else 0,
               moe_intermediate_size=g("moe_intermediate_size") or inter or 1,
@@ -207,6 +325,7 @@ def _moe(g: _Reader, mt: str | None) -> dict:
               norm_topk_prob=True if renorm else bool(g("norm_topk_prob", False)),
               routed_scaling_factor=float(g("routed_scaling_factor") or 1.0),
               n_group=int(g("n_group") or 1), topk_group=int(g("topk_group") or 1),
+              topk_method=method,
               router_bias=mt == "gpt_oss" and experts > 0)
     if mt in ("qwen2_moe", "qwen3_moe") and experts:
         kw.update(_qwen_moe_layers(g))
@@ -236,8 +355,9 @@ def _qwen_moe_layers(g: _Reader) -> dict:
 
 def _rope(g: _Reader, mt: str | None) -> dict:
     """``rope_theta`` and ``rope_scaling`` from either spelling of HF's RoPE settings."""
-    rope = dict(g("rope_parameters") or g("rope_scaling") or {})
-    theta = rope.pop("rope_theta", None) or g("rope_theta") or 10000.0
+    default_rope, default_theta = _DEFAULT_ROPE.get(mt, ({}, 10000.0))
+    rope = dict(g("rope_parameters") or g("rope_scaling") or default_rope)
+    theta = rope.pop("rope_theta", None) or g("rope_theta") or default_theta
     kind = rope.pop("rope_type", None) or rope.pop("type", None) or "default"
     rope.pop("type", None)
     if mt == "gpt2":

@@ -12,10 +12,15 @@ combine adds the expert outputs back at the token's position, weighted by the ro
   keep the top-k, optionally renormalise them to sum to 1 (``norm_topk_prob``; Mixtral's
   ``softmax(TopK(logits))`` is the same thing).
 * ``sigmoid`` (DeepSeek-V3, arXiv:2412.19437 section 2.1.2): ``s = sigmoid(logits)``;
-  *selection* uses ``s + e_score_correction_bias`` (the auxiliary-loss-free balancing bias),
-  optionally restricted to the best ``topk_group`` of ``n_group`` expert groups (a group
-  scores the sum of its top-2 biased scores); the *weights* are the unbiased ``s`` of the
-  chosen experts, renormalised if ``norm_topk_prob``, times ``routed_scaling_factor``.
+  *selection* uses ``s + e_score_correction_bias`` (the auxiliary-loss-free balancing bias);
+  the *weights* are the unbiased ``s`` of the chosen experts, renormalised if
+  ``norm_topk_prob``, times ``routed_scaling_factor``.
+
+Either family may restrict the choice to the best ``topk_group`` of ``n_group`` expert groups
+first; ``topk_method`` says how a group is ranked (HF's ``DeepseekV2TopkRouter`` and
+``DeepseekV3TopkRouter``): ``"noaux_tc"`` (DeepSeek-V3) by the sum of its 2 best selection
+scores, ``"group_limited_greedy"`` (DeepSeek-V2) by its best one, ``"greedy"`` ignores the
+groups (DeepSeek-V2-Lite).
 
 Ties are broken towards the lower expert index (a stable sort), in the vectorised router and in
 the reference loop alike, so both always pick the same experts.
@@ -48,8 +53,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
-from .ffn import FFN
+from .config import TOPK_METHODS, ModelConfig
+from .ffn import FFN, activation
 from .fused import PackedWeights, linear_weights, packed_rows
 
 __all__ = ["Router", "MoE", "route", "route_reference", "check_top_k", "Dispatch", "dispatch",
@@ -96,8 +101,8 @@ def _stable_topk(values: torch.Tensor, k: int) -> torch.Tensor:
 
 def route(x: torch.Tensor, weight: torch.Tensor, top_k: int, *, scoring_func: str = "softmax",
           norm_topk_prob: bool = True, routed_scaling_factor: float = 1.0, n_group: int = 1,
-          topk_group: int = 1, bias: torch.Tensor | None = None
-          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+          topk_group: int = 1, bias: torch.Tensor | None = None,
+          topk_method: str = "noaux_tc") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Choose ``top_k`` experts per token and their weights (vectorised).
 
     Args:
@@ -109,18 +114,22 @@ def route(x: torch.Tensor, weight: torch.Tensor, top_k: int, *, scoring_func: st
         norm_topk_prob: renormalise the K chosen weights to sum to 1.
         routed_scaling_factor: multiplies the final weights (DeepSeek-V3: 2.5).
         n_group, topk_group: group-limited routing: keep only the ``topk_group`` best of
-            ``n_group`` equal groups of experts (group score: sum of its 2 best selection
-            scores), then pick K among them. ``n_group=1`` disables it.
+            ``n_group`` equal groups of experts, then pick K among them. ``n_group=1``
+            disables it.
         bias: ``[E]`` selection-only bias (``e_score_correction_bias``); added to the sigmoid
             scores to *choose* experts, never to the weights. Ignored for softmax.
+        topk_method: how groups are ranked (``config.TOPK_METHODS``): ``"noaux_tc"`` by
+            the sum of a group's 2 best selection scores (HF ``DeepseekV3TopkRouter``),
+            ``"group_limited_greedy"`` by its best score, ``"greedy"`` not at all: the
+            groups are ignored (both HF ``DeepseekV2TopkRouter``).
 
     Returns:
         ``(indices [T,K] int64, weights [T,K] float32, logits [T,E] float32)``; indices are in
         decreasing selection score, ties to the lower expert index.
 
     Raises:
-        ValueError: bad shapes, ``top_k`` outside ``[1, E]``, unknown ``scoring_func``,
-            inconsistent ``n_group`` / ``topk_group``, ``bias`` not ``[E]``.
+        ValueError: bad shapes, ``top_k`` outside ``[1, E]``, unknown ``scoring_func`` or
+            ``topk_method``, inconsistent ``n_group`` / ``topk_group``, ``bias`` not ``[E]``.
     """
     if x.dim() != 2:
         raise ValueError(f"x must have shape [T, H], got {list(x.shape)}")
@@ -130,6 +139,8 @@ def route(x: torch.Tensor, weight: torch.Tensor, top_k: int, *, scoring_func: st
     check_top_k(top_k, E)
     if scoring_func not in _SCORING:
         raise ValueError(f"scoring_func must be one of {_SCORING}, got {scoring_func!r}")
+    if topk_method not in TOPK_METHODS:
+        raise ValueError(f"topk_method must be one of {TOPK_METHODS}, got {topk_method!r}")
     _check_groups(E, top_k, n_group, topk_group)
     if bias is not None and tuple(bias.shape) != (E,):
         raise ValueError(f"bias must have shape [E={E}], got {list(bias.shape)}")
@@ -141,10 +152,13 @@ def route(x: torch.Tensor, weight: torch.Tensor, top_k: int, *, scoring_func: st
     else:
         scores = logits.sigmoid()                                         # [T, E]
         choice = scores if bias is None else scores + bias.float()        # [T, E]
-    if n_group > 1:
+    if n_group > 1 and topk_method != "greedy":
         grouped = choice.view(T, n_group, E // n_group)                   # [T, G, E/G]
-        best2 = grouped.topk(min(2, E // n_group), dim=-1).values         # [T, G, 2]
-        group_scores = best2.sum(-1)                                      # [T, G]
+        if topk_method == "noaux_tc":
+            best2 = grouped.topk(min(2, E // n_group), dim=-1).values     # [T, G, 2]
+            group_scores = best2.sum(-1)                                  # [T, G]
+        else:
+            group_scores = grouped.max(dim=-1).values                     # [T, G]
         keep = _stable_topk(group_scores, topk_group)                     # [T, topk_group]
         dropped = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, keep, False)
         choice = grouped.masked_fill(dropped[..., None], float("-inf")).view(T, E)  # [T, E]
@@ -163,7 +177,7 @@ class Router(nn.Module):
     Parameters: ``weight [E, H]`` (HF ``gate.weight``); buffer
     ``e_score_correction_bias [E]`` (used by the sigmoid family for selection only).
     Attributes mirror the config: ``top_k``, ``scoring_func``, ``norm_topk_prob``,
-    ``routed_scaling_factor``, ``n_group``, ``topk_group``.
+    ``routed_scaling_factor``, ``n_group``, ``topk_group``, ``topk_method``.
     """
 
     def __init__(self, config: ModelConfig):
@@ -175,6 +189,7 @@ class Router(nn.Module):
         self.routed_scaling_factor = config.routed_scaling_factor
         self.n_group = config.n_group
         self.topk_group = config.topk_group
+        self.topk_method = config.topk_method
         self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
         nn.init.normal_(self.weight, std=0.02)
         self.register_buffer("e_score_correction_bias", torch.zeros(config.num_experts))
@@ -195,7 +210,7 @@ class Router(nn.Module):
         return route(x, self.weight, self.top_k, scoring_func=self.scoring_func,
                      norm_topk_prob=self.norm_topk_prob,
                      routed_scaling_factor=self.routed_scaling_factor, n_group=self.n_group,
-                     topk_group=self.topk_group,
+                     topk_group=self.topk_group, topk_method=self.topk_method,
                      bias=self.e_score_correction_bias if self.scoring_func == "sigmoid" else None)
 
 
@@ -231,9 +246,10 @@ def route_reference(router: Router, x: torch.Tensor) -> tuple[torch.Tensor, torc
             bias = router.e_score_correction_bias.float().tolist()
             choice = [s + b for s, b in zip(scores, bias)]
         allowed = list(range(E))
-        if G > 1:
+        if G > 1 and router.topk_method != "greedy":
+            best = 2 if router.topk_method == "noaux_tc" else 1
             group_score = [sum(sorted(choice[g * per_group:(g + 1) * per_group],
-                                      reverse=True)[:2]) for g in range(G)]
+                                      reverse=True)[:best]) for g in range(G)]
             best_groups = sorted(range(G), key=lambda g: (-group_score[g], g))[:router.topk_group]
             allowed = [e for e in range(E) if e // per_group in best_groups]
         chosen = sorted(allowed, key=lambda e: (-choice[e], e))[:K]
@@ -384,10 +400,13 @@ class MoE(PackedWeights, nn.Module):
         self.num_experts = config.num_experts
         self.top_k = config.num_experts_per_tok
         self.gate = Router(config)
-        self.experts = nn.ModuleList(FFN(config.hidden_size, config.moe_intermediate_size)
+        self.act_fn = activation(config.hidden_act)
+        self.experts = nn.ModuleList(FFN(config.hidden_size, config.moe_intermediate_size,
+                                         config.hidden_act)
                                      for _ in range(config.num_experts))
         self.shared_experts = (FFN(config.hidden_size,
-                                   config.moe_intermediate_size * config.num_shared_experts)
+                                   config.moe_intermediate_size * config.num_shared_experts,
+                                   config.hidden_act)
                                if config.num_shared_experts > 0 else None)
         self.stacked_weights()             # one copy of the expert weights, stacked
 
@@ -459,7 +478,7 @@ class MoE(PackedWeights, nn.Module):
         offs = torch.bincount(flat_expert, minlength=self.num_experts).cumsum(
             0, dtype=torch.int32)                                         # [E] block ends
         h = _grouped_mm(x[token], gate_up.transpose(1, 2), offs=offs)     # [P, 2I]
-        h = F.silu(h[:, :I]) * h[:, I:]                                   # [P, I]
+        h = self.act_fn(h[:, :I]) * h[:, I:]                              # [P, I]
         y = _grouped_mm(h, down.transpose(1, 2), offs=offs)               # [P, H]
         y = y * weights.reshape(-1)[order].to(y.dtype)[:, None]           # [P, H]
         return x.new_zeros(T, x.shape[1]).index_add_(0, token, y)         # [T, H]

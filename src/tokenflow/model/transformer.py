@@ -46,8 +46,8 @@ class DecoderBlock(nn.Module):
             Attention(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.is_moe = config.layer_is_moe(layer_idx)
-        self.mlp = MoE(config, layer_idx) if self.is_moe else FFN(config.hidden_size,
-                                                                  config.intermediate_size)
+        self.mlp = MoE(config, layer_idx) if self.is_moe else FFN(
+            config.hidden_size, config.intermediate_size, config.hidden_act)
 
     def forward(self, h, cos, sin, step, kv_cache=None, trace=None, token_mask=None):
         """``h [B,S,H] -> [B,S,H]`` (the residual stream after this block); ``step`` is the
@@ -59,7 +59,9 @@ class DecoderBlock(nn.Module):
             return h + self.mlp(x, trace, token_mask)
         out = self.mlp(x)
         if trace is not None:
-            trace.record("FFN", f"layer {self.layer_idx} FFN", x, out, note="dense SwiGLU")
+            act = self.mlp.hidden_act
+            trace.record("FFN", f"layer {self.layer_idx} FFN", x, out,
+                         note="dense SwiGLU" if act == "silu" else f"dense gated FFN ({act})")
         return h + out
 
 

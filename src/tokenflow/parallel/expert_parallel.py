@@ -214,12 +214,7 @@ def ep_forward(shard: ExpertShard, x: torch.Tensor, group=None
     t0 = time.perf_counter()
 
     # route and group this rank's (token, expert) pairs by expert = by destination rank
-    indices, weights, _ = route(x, g.weight, g.top_k, scoring_func=g.scoring_func,
-                                norm_topk_prob=g.norm_topk_prob,
-                                routed_scaling_factor=g.routed_scaling_factor,
-                                n_group=g.n_group, topk_group=g.topk_group,
-                                bias=g.e_score_correction_bias
-                                if g.scoring_func == "sigmoid" else None)   # [T_r, K] x2
+    indices, weights, _ = g(x)                                          # [T_r, K] x2
     K = indices.shape[1]
     d = dispatch(x, indices, weights, E)                                  # hidden [P_r, H]
     send_counts = d.counts.to(x.device)                                   # [E]

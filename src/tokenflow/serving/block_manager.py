@@ -65,7 +65,11 @@ class BlockManager:
         free_block_ids: deque of free ids; handed out from the left, returned to the right.
         hash_to_block_id: prefix-cache index.
         num_queried_blocks, num_hit_blocks: prefix-cache statistics (full blocks looked up
-            at admission / found).
+            at a request's first admission / found): reuse across requests.
+        num_preempted_queried_blocks, num_preempted_hit_blocks: the same at the
+            re-admissions of preempted requests, counted apart (a recompute finds the
+            request's own freed blocks; vLLM's ``preempted_queries`` / ``preempted_hits``,
+            left out of its hit rate, vLLM PR 25787).
 
     Raises:
         ValueError: ``num_blocks`` or ``block_size`` not an int >= 1.
@@ -84,6 +88,8 @@ class BlockManager:
         self.hash_to_block_id: dict[int, int] = {}
         self.num_queried_blocks = 0
         self.num_hit_blocks = 0
+        self.num_preempted_queried_blocks = 0
+        self.num_preempted_hit_blocks = 0
 
     @property
     def num_blocks(self) -> int:
@@ -143,9 +149,15 @@ class BlockManager:
         shared = sum(1 for b in self._cached_prefix(req) if self.blocks[b].ref_count > 0)
         return self.num_free_blocks >= req.num_blocks(self.block_size) - shared
 
-    def allocate(self, req) -> None:
+    def allocate(self, req) -> int:
         """Give ``req`` (with an empty block table) blocks for all its tokens: first the
-        cached prefix (ref counts + 1, ``req.num_cached_tokens`` set), then fresh blocks.
+        cached prefix (ref counts + 1), then fresh blocks. At the first admission
+        (``req.num_preemptions == 0``) the hits count in :attr:`num_hit_blocks` and set
+        ``req.num_cached_tokens``; at a re-admission after a preemption they count in
+        :attr:`num_preempted_hit_blocks` and leave ``req.num_cached_tokens`` alone.
+
+        Returns:
+            the number of tokens the cached prefix covers (their K/V is computed).
 
         Raises:
             ValueError: ``req`` already has blocks, or :meth:`can_allocate` is False.
@@ -155,8 +167,14 @@ class BlockManager:
         if not self.can_allocate(req):
             raise ValueError(f"not enough free blocks for request {req.request_id!r}")
         hits = self._cached_prefix(req)
-        self.num_queried_blocks += (req.num_tokens - 1) // self.block_size
-        self.num_hit_blocks += len(hits)
+        queried = (req.num_tokens - 1) // self.block_size
+        if req.num_preemptions:
+            self.num_preempted_queried_blocks += queried
+            self.num_preempted_hit_blocks += len(hits)
+        else:
+            self.num_queried_blocks += queried
+            self.num_hit_blocks += len(hits)
+            req.num_cached_tokens = len(hits) * self.block_size
         for block_id in hits:
             block = self.blocks[block_id]
             if block.ref_count == 0:
@@ -165,7 +183,7 @@ class BlockManager:
         fresh = [self._take_free_block()
                  for _ in range(req.num_blocks(self.block_size) - len(hits))]
         req.block_table = hits + fresh
-        req.num_cached_tokens = len(hits) * self.block_size
+        return len(hits) * self.block_size
 
     def can_append(self, req) -> bool:
         """Whether the blocks for ``req``'s tokens (its next token included) can be had."""

@@ -22,7 +22,7 @@ import math
 import numbers
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
@@ -39,9 +39,10 @@ __all__ = ["LLMEngine", "StepRecord"]
 class StepRecord:
     """What one step did: ``prefill`` ``[(request_id, tokens)]`` (prompt chunks and
     recomputes), ``decode`` ``[request_id]`` (one token each), ``preempted`` ids,
-    ``num_tokens`` scheduled, ``seconds`` of wall time, ``num_free_blocks`` after it, and
+    ``num_tokens`` scheduled, ``seconds`` of wall time, ``num_free_blocks`` after it,
     ``num_positions`` the forward computed (= ``num_tokens`` on the packed paged storage;
-    the contiguous one adds recomputed prefix-cache hits)."""
+    the contiguous one adds recomputed prefix-cache hits), and ``sampled`` ``[request_id]``
+    (the requests that got a token in this step: decodes and last prompt chunks)."""
 
     index: int
     prefill: list
@@ -51,6 +52,7 @@ class StepRecord:
     seconds: float
     num_free_blocks: int
     num_positions: int = 0
+    sampled: list = field(default_factory=list)
 
 
 class LLMEngine:
@@ -187,6 +189,11 @@ class LLMEngine:
                                 f"(time.perf_counter()) or None, got {arrival_time!r}")
             if not math.isfinite(arrival_time) or arrival_time < 0:
                 raise ValueError(f"arrival_time must be finite and >= 0, got {arrival_time!r}")
+            now = time.perf_counter()
+            if arrival_time > now:
+                raise ValueError(f"arrival_time must not be in the future: got {arrival_time!r}"
+                                 f", time.perf_counter() is {now!r} (a request arrives when "
+                                 f"it is added or before)")
             arrival_time = float(arrival_time)
         if params.n == 1:
             return [Request(request_id, prompt, params, arrival_time)]
@@ -252,14 +259,16 @@ class LLMEngine:
                 integer not yet used (never one the caller chose). With ``params.n > 1`` the
                 samples get the ids ``(request_id, i)`` (their results are in
                 :attr:`outputs` under them; :meth:`abort` of ``request_id`` aborts all).
-            arrival_time: ``time.perf_counter()`` seconds (a finite number >= 0); default now.
+            arrival_time: ``time.perf_counter()`` seconds, in ``[0, now]`` (a request
+                arrives when it is added or before; TTFT and E2E count from it); default
+                now.
 
         Raises:
             TypeError: an argument (or a field of ``params``) of the wrong type, an unknown
                 field name, an unhashable ``request_id``.
             ValueError: a value out of range (empty prompt, id outside the vocabulary, bad
-                sampling value, ``seed`` outside ``[0, 2**64 - 1]``, NaN / negative
-                ``arrival_time``), or ``request_id`` already used. The messages name the
+                sampling value, ``seed`` outside ``[0, 2**64 - 1]``, NaN / negative /
+                future ``arrival_time``), or ``request_id`` already used. The messages name the
                 argument. (A request that is fine but too long for the model or the block
                 pool does not raise: it finishes as ``"rejected"``, its result says why.)
         """
@@ -267,6 +276,20 @@ class LLMEngine:
         for req in reqs:
             self._queue(req)
         return reqs[0].request_id if reqs[0].parent_id is None else reqs[0].parent_id
+
+    def sample_ids(self, request_id) -> list:
+        """The ids the results of an added request are stored under in :attr:`outputs`:
+        ``[(request_id, 0), ..., (request_id, n - 1)]`` for an ``n > 1`` request, else
+        ``[request_id]``.
+
+        Raises:
+            KeyError: ``request_id`` was never added to this engine.
+        """
+        if request_id in self._children:
+            return list(self._children[request_id])
+        if request_id not in self._ids:
+            raise KeyError(f"request_id {request_id!r} was never added to this engine")
+        return [request_id]
 
     def abort(self, request_id) -> bool:
         """Stop a waiting or running request now (vLLM's ``abort_request``): its blocks go
@@ -349,7 +372,7 @@ class LLMEngine:
             self.steps.append(StepRecord(
                 len(self.steps), prefill, decode, [r.request_id for r in plan.preempted],
                 num_tokens, time.perf_counter() - t0, self.block_manager.num_free_blocks,
-                self.runner.num_positions))
+                self.runner.num_positions, list(tokens)))
         new, self._new_outputs = self._new_outputs, []
         return new
 
@@ -396,8 +419,14 @@ class LLMEngine:
             dict: ``num_requests``, ``num_rejected``, ``num_steps``, ``elapsed_s`` (sum of
             step times), ``num_generated_tokens``, ``num_computed_tokens``,
             ``throughput_tok_s`` (generated tokens / elapsed), ``mean_ttft_s``,
-            ``mean_tpot_s``, ``mean_e2e_s`` (over finished requests), ``num_preemptions``,
-            ``prefix_cache_hit_rate`` (hit / looked-up full blocks),
+            ``mean_tpot_s``, ``mean_e2e_s`` (means over every request that ran, aborted and
+            failed ones included, each with the times of the tokens it got, see
+            :class:`~.request.RequestOutput`; rejected ones are left out; a request without
+            a value, e.g. no TPOT with one token, is left out of that mean), ``num_preemptions``,
+            ``prefix_cache_hit_rate`` (hit / looked-up full blocks at first admissions:
+            reuse across requests), ``preempted_prefix_cache_hit_rate`` (the same at the
+            re-admissions of preempted requests, which find their own freed blocks; 0.0
+            without preemptions),
             ``num_recomputed_tokens`` (prefix hits the storage recomputed: 0 when paged),
             ``num_aborted``, ``num_errors`` (requests finished as ``"abort"`` / ``"error"``).
         """
@@ -420,6 +449,9 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_hit_rate=(bm.num_hit_blocks / bm.num_queried_blocks
                                    if bm.num_queried_blocks else 0.0),
+            preempted_prefix_cache_hit_rate=(
+                bm.num_preempted_hit_blocks / bm.num_preempted_queried_blocks
+                if bm.num_preempted_queried_blocks else 0.0),
             num_recomputed_tokens=getattr(self.runner.storage, "num_recomputed_tokens", 0),
             num_aborted=sum(o.finish_reason == "abort" for o in done),
             num_errors=sum(o.finish_reason == "error" for o in done))

@@ -6,7 +6,8 @@ Token counts (the scheduler's bookkeeping):
 
 * ``token_ids = prompt_token_ids + output_token_ids``; ``num_tokens = len(token_ids)``.
 * ``num_computed_tokens``: tokens whose K/V the cache holds (0 after a preemption).
-* ``num_cached_tokens``: how many of them the prefix cache supplied at admission.
+* ``num_cached_tokens``: prompt tokens the prefix cache supplied at the first admission
+  (vLLM's ``num_cached_tokens``: a recompute after a preemption does not change it).
 * ``block_table``: ids of the KV blocks holding this request's tokens, in order.
 """
 from __future__ import annotations
@@ -177,7 +178,8 @@ class Request:
     Attributes:
         status, output_token_ids, num_computed_tokens, num_cached_tokens, block_table,
         generator (per-request ``torch.Generator``), num_preemptions, finish_reason,
-        first_token_time, finish_time (perf_counter seconds or None), output_logprobs
+        first_token_time, last_token_time, finish_time (perf_counter seconds or None),
+        output_logprobs
         (one ``{token_id: logprob}`` per output token when ``params.logprobs`` is set).
         eos_ids, stop_ids: tuples of the ids that finish it as ``"eos"`` / ``"stop"``.
         prompt_source: for sample 1.. of an ``n > 1`` request, sample 0 (whose computed
@@ -200,6 +202,7 @@ class Request:
         self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
         self.finish_time: float | None = None
         self.output_logprobs: list[dict[int, float]] = []
         eos = params.eos_token_id
@@ -246,12 +249,23 @@ class RequestOutput:
             (computing its step raised; ``reason`` says what) or ``"rejected"`` (never run:
             too long for the model or the block pool; ``reason`` says why).
         reason: the rejection or error message, else None.
-        arrival_time, first_token_time, finish_time: ``time.perf_counter()`` seconds.
-        num_cached_tokens: prompt tokens the prefix cache supplied (at the last admission).
+        arrival_time, first_token_time, finish_time: ``time.perf_counter()`` seconds
+            (``finish_time``: when it finished, was aborted or failed).
+        num_cached_tokens: prompt tokens the prefix cache supplied at its first admission
+            (at most the prompt length - 1; a recompute after a preemption is not counted).
         num_preemptions: how often the request lost its blocks and was recomputed.
         logprobs: None, or one dict per output token: ``{token_id: logprob}`` for the
             ``params.logprobs`` most likely tokens and the chosen one, most likely first
             (raw model log-probabilities, see :class:`SamplingParams`).
+        last_token_time: when its last output token was sampled (``time.perf_counter()``
+            seconds, None without tokens); equals ``finish_time`` unless it was aborted or
+            failed after its last token.
+
+    An aborted (or failed) request keeps the times of the tokens it got: its TTFT is the
+    time to its first token and its TPOT runs from its first to its last token, as for any
+    request (None without a first / second token); the idle time up to ``abort()`` is in
+    ``e2e_latency`` only. :meth:`LLMEngine.metrics` averages these over every request that
+    ran, aborted and failed ones included.
     """
 
     request_id: object
@@ -265,6 +279,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     logprobs: list | None = None
+    last_token_time: float | None = None
 
     @property
     def ttft(self) -> float | None:
@@ -275,11 +290,13 @@ class RequestOutput:
 
     @property
     def tpot(self) -> float | None:
-        """Time per output token after the first, seconds (None with < 2 tokens)."""
+        """Time per output token after the first, seconds: (last token time - first token
+        time) / (tokens - 1), vLLM's ``(last_token_ts - first_token_ts) /
+        (num_generation_tokens - 1)``. None with fewer than 2 tokens."""
         n = len(self.output_token_ids)
-        if n < 2 or self.finish_time is None or self.first_token_time is None:
+        if n < 2 or self.last_token_time is None or self.first_token_time is None:
             return None
-        return (self.finish_time - self.first_token_time) / (n - 1)
+        return (self.last_token_time - self.first_token_time) / (n - 1)
 
     @property
     def e2e_latency(self) -> float | None:
@@ -295,4 +312,4 @@ class RequestOutput:
                    req.finish_reason, reason, req.arrival_time, req.first_token_time,
                    req.finish_time, req.num_cached_tokens, req.num_preemptions,
                    None if req.params.logprobs is None else
-                   [dict(d) for d in req.output_logprobs])
+                   [dict(d) for d in req.output_logprobs], req.last_token_time)

@@ -148,8 +148,7 @@ class Scheduler:
             if not self.block_manager.can_allocate(req):
                 break
             self.waiting.popleft()
-            self.block_manager.allocate(req)
-            req.num_computed_tokens = req.num_cached_tokens
+            req.num_computed_tokens = self.block_manager.allocate(req)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             n = min(req.num_tokens - req.num_computed_tokens, budget)
@@ -189,6 +188,7 @@ class Scheduler:
             req.output_token_ids.append(token)
             if req.first_token_time is None:
                 req.first_token_time = now
+            req.last_token_time = now
             reason = self._finish_reason(req, token)
             if reason is not None:
                 req.finish_reason, req.finish_time = reason, now

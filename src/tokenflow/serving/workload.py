@@ -32,8 +32,10 @@ def run_with_arrivals(engine, prompts: list, params, arrival_steps: list[int]) -
         arrival_steps: ints >= 0, one per prompt.
 
     Returns:
-        ``(outputs, arrivals)``: the :class:`~.request.RequestOutput` list in prompt order,
-        and ``{request_id: step}`` of the step each request really arrived before.
+        ``(outputs, arrivals)``: the :class:`~.request.RequestOutput` list in prompt order
+        (a prompt with ``n > 1`` samples gives its ``n`` results in its place, as
+        :meth:`~.engine.LLMEngine.run`), and ``{request_id: step}`` of the step each request
+        really arrived before (for ``n > 1``, each sample's id ``(i, j)``).
 
     Raises:
         ValueError: lengths differ, a bad arrival step, or an engine that has already run.
@@ -56,10 +58,11 @@ def run_with_arrivals(engine, prompts: list, params, arrival_steps: list[int]) -
         while k < n and arrival_steps[order[k]] <= now:
             i = order[k]
             engine.add_request(prompts[i], params[i], request_id=i)
-            arrivals[i] = len(engine.steps)
+            for rid in engine.sample_ids(i):
+                arrivals[rid] = len(engine.steps)
             k += 1
         engine.step()
-    return [engine.outputs[i] for i in range(n)], arrivals
+    return [engine.outputs[rid] for i in range(n) for rid in engine.sample_ids(i)], arrivals
 
 
 @dataclass
@@ -94,9 +97,11 @@ def request_timeline(engine, arrivals: dict, outputs: list[RequestOutput] | None
 
     A request is ``PREFILL`` in a step that computes some of its prompt (or recomputes it),
     ``DECODE`` in one that computes one new token, ``WAIT`` in the other steps between its
-    arrival and its last step. Its first token comes from its last prefill step before the
-    first decode (a long prompt may be prefilled over several steps; a preempted request is
-    prefilled again later, which does not move its first token).
+    arrival and its last step. Its first token comes from the first step that sampled for it
+    (``StepRecord.sampled``): the last chunk of its prompt (a long prompt may be prefilled
+    over several steps; a request preempted later, even before its first decode, is
+    prefilled again, which does not move its first token; the engine's
+    ``first_token_time`` is stamped in the same step).
 
     Args:
         engine: the engine after the run.
@@ -116,13 +121,12 @@ def request_timeline(engine, arrivals: dict, outputs: list[RequestOutput] | None
             rows[rid].states[s.index] = PREFILL
         for rid in s.decode:
             rows[rid].states[s.index] = DECODE
+        for rid in s.sampled:
+            if rows[rid].first_token_step is None:
+                rows[rid].first_token_step = s.index
     for r in rows.values():
         done = sorted(r.states)
         r.finish_step = done[-1] if done else None
-        first_decode = next((i for i in done if r.states[i] == DECODE), None)
-        pre = [i for i in done if r.states[i] == PREFILL and (first_decode is None or
-                                                              i < first_decode)]
-        r.first_token_step = pre[-1] if pre else None
         if r.finish_step is not None:
             for i in range(r.arrival, r.finish_step + 1):
                 r.states.setdefault(i, WAIT)
