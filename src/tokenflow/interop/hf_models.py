@@ -248,7 +248,11 @@ def _deepseek_v3_fields(c: ModelConfig) -> dict:
                 topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
                 routed_scaling_factor=float(c.routed_scaling_factor),
                 first_k_dense_replace=c.first_k_dense_replace if moe else c.num_hidden_layers,
-                num_nextn_predict_layers=c.num_nextn_predict_layers, **mla)
+                num_nextn_predict_layers=c.num_nextn_predict_layers,
+                # DeepSeek's published config.json names these; transformers' class does not
+                # (its router is always sigmoid noaux_tc), but vLLM reads them, with
+                # softmax and no correction bias as its defaults
+                topk_method="noaux_tc", scoring_func="sigmoid", moe_layer_freq=1, **mla)
 
 
 from_hf_config = ModelConfig.from_hf_config
