@@ -6,7 +6,9 @@
 
 The second form stores what chapter 05 shows (the book's venv has no vLLM, so the chapter reads
 the stored run): both engines' steps, preemptions and prefix-cache hits, and whether every token
-agreed. It exits with status 1 when a token differs. Both engines run on one thread, in fp32.
+agreed. It exits with status 1 when a token differs. Both engines run on one thread, in fp32;
+vLLM without its asynchronous scheduling (as ours: each step planned once the previous step's
+tokens are known), so that its counters repeat run to run.
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ def peer_run(model, tokenizer, folder: Path, num_requests: int = 48, seed: int =
     save_hf_checkpoint(model, folder, tokenizer=tokenizer)
     prompts, news = peer_workload(tokenizer, num_requests=num_requests, seed=seed)
     settings = dict(PEER_ENGINE_ARGS, max_model_len=model.config.max_position_embeddings,
-                    threads=threads)
+                    threads=threads, async_scheduling=False)
     with VLLMProcess(folder, settings) as peer:
         theirs = peer.run(prompts, news)
         startup, version = peer.startup_s, peer.version
@@ -51,7 +53,8 @@ def peer_run(model, tokenizer, folder: Path, num_requests: int = 48, seed: int =
     lens = [len(p) for p in prompts]
     return {
         "settings": dict(PEER_ENGINE_ARGS, threads=threads, dtype="float32", greedy=True,
-                         enable_prefix_caching=True, chunked_prefill=True, ignore_eos=True),
+                         enable_prefix_caching=True, chunked_prefill=True, ignore_eos=True,
+                         vllm_async_scheduling=False),
         "workload": {"num_requests": len(prompts), "seed": seed,
                      "prompt_tokens": [min(lens), max(lens)], "new_tokens": [min(news), max(news)],
                      "total_prompt_tokens": sum(lens), "total_new_tokens": sum(news)},

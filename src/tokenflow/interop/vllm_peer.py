@@ -69,7 +69,8 @@ def _cpu_bind(threads: int) -> str:
 def make_llm(folder: str | Path, *, block_size: int, num_blocks: int, max_num_seqs: int,
              max_num_batched_tokens: int, max_model_len: int,
              enable_prefix_caching: bool = True, threads: int = 1, dtype: str = "float32",
-             attention_backend: str | None = None, enforce_eager: bool = False):
+             attention_backend: str | None = None, enforce_eager: bool = False,
+             async_scheduling: bool | None = None):
     """vLLM's offline ``LLM`` on the CPU with the settings of
     :class:`tokenflow.serving.LLMEngine`: chunked prefill on, ``num_blocks`` usable blocks
     (vLLM keeps one more as its null block), ``threads`` cores (``VLLM_CPU_OMP_THREADS_BIND``).
@@ -77,8 +78,11 @@ def make_llm(folder: str | Path, *, block_size: int, num_blocks: int, max_num_se
     ``attention_backend``: a name of vLLM's ``AttentionBackendEnum`` (e.g. ``"CPU_MLA"``, the
     fp32-capable MLA kernel; where the CPU has AMX, vLLM otherwise picks its bf16-only one).
     ``enforce_eager``: skip vLLM's ``torch.compile`` of the model (a faster start; the
-    default compiles, as a deployment would). Call it under ``if __name__ == "__main__":``
-    (vLLM starts processes).
+    default compiles, as a deployment would). ``async_scheduling``: ``False`` schedules each
+    step after the previous one's tokens are known, as :class:`tokenflow.serving.LLMEngine`
+    does (a schedule that repeats run to run); ``None`` keeps vLLM's default (on: step
+    ``n + 1`` is scheduled while step ``n`` runs). Call it under
+    ``if __name__ == "__main__":`` (vLLM starts processes).
 
     Raises:
         ImportError: vLLM is not installed (``make vllm``).
@@ -86,6 +90,8 @@ def make_llm(folder: str | Path, *, block_size: int, num_blocks: int, max_num_se
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_bind(threads)
     from vllm import LLM
     extra = {} if attention_backend is None else {"attention_backend": attention_backend}
+    if async_scheduling is not None:
+        extra["async_scheduling"] = async_scheduling
     return LLM(model=str(folder), dtype=dtype, block_size=block_size, max_num_seqs=max_num_seqs,
                max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                enable_prefix_caching=enable_prefix_caching, enable_chunked_prefill=True,
