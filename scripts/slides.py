@@ -459,6 +459,10 @@ SCRIPT = """
 """
 
 
+# The slides are the book's text and figures: CC BY 4.0 (LICENSE-text), named on every slide.
+LICENCE = "CC BY 4.0"
+
+
 def _page(title: str, lang: str, body_class: str, body: str, css: str, handout: bool = False) -> str:
     style = STYLE % {"w": WIDTH, "h": HEIGHT, "blue": HIDDEN_BLUE, "font": FONT_FAMILY}
     if handout:
@@ -474,7 +478,7 @@ def _slide_html(deck: Deck, k: int, slide: Slide) -> str:
     heading = (f"<h1>{slide.title}</h1>" if slide.kind == "title" else f"<h2>{slide.title}</h2>")
     return (f'<section class="slide" data-kind="{slide.kind}" data-chapter="{deck.number}" '
             f'id="s{deck.number}-{k + 1}">{heading}<div class="body">{slide.body}</div>'
-            f"<footer><span>tokenflow · {deck.page.split('/')[-1]}</span>"
+            f"<footer><span>tokenflow · {deck.page.split('/')[-1]} · {LICENCE}</span>"
             f"<span>{k + 1} / {len(deck.slides)}</span></footer></section>")
 
 

@@ -11,7 +11,8 @@ extension adds what Sphinx's own translation step does not cover:
   priority 100) after Sphinx's ``Locale`` transform (priority 20), so their captions are
   translated here, from the root page's catalog, where the gettext builder extracts them;
 * per-edition config values that are not messages (``html_title``, the search box placeholder
-  ``html_theme_options.search_bar_text``), from ``tokenflow_editions`` in _config.yml;
+  ``html_theme_options.search_bar_text``, the licence footer ``html_theme_options.extra_footer``),
+  from ``tokenflow_editions`` in _config.yml;
 * the Chinese edition's web font: ``src/tokenflow/data/fonts/TokenflowCJK-zh.woff2`` (a subset
   of Noto Sans CJK SC with only the glyphs the zh pages use, see scripts/build_fonts.py) is
   copied to ``_static/fonts/`` and declared by ``_static/tokenflow-zh-font.css``, inline as a
@@ -74,13 +75,15 @@ def edition_url(pagename: str, from_path: str, to_path: str) -> str:
 
 
 def _apply_edition_config(app, config) -> None:
-    """config-inited: edition title and search text, and the switch in the article header."""
+    """config-inited: edition title, search text and footer, and the switch in the article
+    header."""
     edition = _editions(config)[_current(config)]
     if edition.get("html_title"):
         config.html_title = edition["html_title"]
     options = dict(config.html_theme_options or {})
-    if edition.get("search_bar_text"):
-        options["search_bar_text"] = edition["search_bar_text"]
+    for key in ("search_bar_text", "extra_footer"):
+        if edition.get(key):
+            options[key] = edition[key]
     end = options.get("article_header_end", [BUTTONS_TEMPLATE])
     if isinstance(end, str):
         end = [item.strip() for item in end.split(",") if item.strip()]

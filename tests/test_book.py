@@ -184,3 +184,38 @@ def test_diagram_pages_draw_mermaid_from_a_local_file(html_dir):
         assert not _is_remote(url) and _resolve(page, url).stat().st_size > 1_000_000
         if "require.js" in names:
             assert names.index("mermaid.min.js") < names.index("require.js")
+
+
+LICENCE_LINKS = ("https://creativecommons.org/licenses/by/4.0/", "https://opensource.org/license/mit")
+
+
+def _footer(page: Path) -> str:
+    """The theme's extra footer of a built page (sphinx-book-theme: ``<div class="extra_footer">``),
+    or "" when the page has none."""
+    found = re.search(r'<div class="extra_footer">(.*?)</div>', page.read_text(encoding="utf-8"),
+                      re.S)
+    return found.group(1) if found else ""
+
+
+def test_every_page_names_the_licences_in_its_footer(html_dir):
+    """Text and figures CC BY 4.0 (LICENSE-text), code MIT (LICENSE), fonts their own: the
+    footer of every page says so and links both licences."""
+    pages = [p for p in _pages(html_dir) if "zh" not in p.relative_to(html_dir).parts[:1]]
+    decks = [p for p in pages if p.relative_to(html_dir).parts[0] == "slides"]
+    assert pages and decks
+    counted = 0
+    for deck in decks:                      # scripts/slides.py: a standalone page per deck
+        text = deck.read_text(encoding="utf-8")
+        slides = len(re.findall(r'<section class="slide" data-kind="(?!index")', text))
+        assert text.count("· CC BY 4.0</span>") == slides, deck.name
+        counted += slides
+    assert counted
+    for page in pages:
+        if page in decks or 'http-equiv="Refresh"' in page.read_text(encoding="utf-8"):
+            continue                        # a deck, or the root's redirect
+        footer = _footer(page)
+        name = page.relative_to(html_dir)
+        assert "Text and figures" in footer and "CC BY 4.0" in footer, f"{name}: {footer!r}"
+        assert "MIT licence" in footer and "Open Font License" in footer, f"{name}: {footer!r}"
+        for url in LICENCE_LINKS:
+            assert f'href="{url}"' in footer, f"{name}: no link to {url}"

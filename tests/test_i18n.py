@@ -248,6 +248,30 @@ def test_every_zh_page_switches_to_the_same_english_page(zh_html):
         assert target.resolve() == (zh_html.parent / f"{page}.html").resolve(), (page, links[0])
 
 
+def test_zh_edition_takes_its_footer_from_the_editions_config():
+    """The licence footer is an edition config value (tokenflow_editions), not a message."""
+    class Config:
+        language = "zh_CN"
+        tokenflow_editions = _editions()
+        html_title = "tokenflow"
+        html_theme_options = {"extra_footer": "<p>Text and figures</p>"}
+        templates_path: list = []
+
+    config = Config()
+    ext._apply_edition_config(None, config)
+    assert config.html_theme_options["extra_footer"] == _editions()["zh_CN"]["extra_footer"]
+    assert "CC BY 4.0" in config.html_theme_options["extra_footer"]
+
+
+def test_every_zh_page_names_the_licences_in_its_footer(zh_html):
+    zh_footer = _editions()["zh_CN"]["extra_footer"]
+    for page in _toc_pages():
+        text = (zh_html / f"{page}.html").read_text(encoding="utf-8")
+        footer = re.search(r'<div class="extra_footer">(.*?)</div>', text, re.S)
+        assert footer, f"{page}: no licence footer"
+        assert zh_footer in footer.group(1) and "Text and figures" not in footer.group(1), page
+
+
 def test_zh_search_index_finds_shoudu(zh_html):
     text = (zh_html / "searchindex.js").read_text(encoding="utf-8")
     index = json.loads(text[text.index("(") + 1: text.rindex(")")])
