@@ -174,7 +174,7 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks $(LAB_ARGS)
 
 clean:
-	rm -rf _build .widgets_js .pytest_cache
+	rm -rf _build .widgets_js .pytest_cache build dist
 	find . -path ./.venv -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -print0 | xargs -0 rm -rf
 
 distclean: clean
