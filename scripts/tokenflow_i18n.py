@@ -146,15 +146,17 @@ def web_font_css(woff2: bytes) -> str:
     families and last in its monospace family, restricted to CJK code points."""
     data = base64.b64encode(woff2).decode()
     family = f'"{WEB_FONT_FAMILY}"'
-    return (f"/* {WEB_FONT_FAMILY}: subset of Noto Sans CJK SC, SIL Open Font License 1.1 "
-            f"(fonts/OFL.txt); scripts/build_fonts.py */\n"
-            f"@font-face {{ font-family: {family}; font-style: normal; font-weight: 400 700; "
-            f"font-display: swap; unicode-range: {WEB_FONT_RANGE};\n"
-            f"  src: url(data:font/woff2;base64,{data}) format(\"woff2\"),\n"
-            f"       url(fonts/{WEB_FONT.name}) format(\"woff2\"); }}\n"
-            f"html {{ --pst-font-family-base: {family}, var(--pst-font-family-base-system);\n"
-            f"  --pst-font-family-heading: {family}, var(--pst-font-family-base-system);\n"
-            f"  --pst-font-family-monospace: var(--pst-font-family-monospace-system), {family}; }}\n")
+    return (
+        f"/* {WEB_FONT_FAMILY}: subset of Noto Sans CJK SC, SIL Open Font License 1.1 "
+        f"(fonts/OFL.txt); scripts/build_fonts.py */\n"
+        f"@font-face {{ font-family: {family}; font-style: normal; font-weight: 400 700; "
+        f"font-display: swap; unicode-range: {WEB_FONT_RANGE};\n"
+        f'  src: url(data:font/woff2;base64,{data}) format("woff2"),\n'
+        f'       url(fonts/{WEB_FONT.name}) format("woff2"); }}\n'
+        f"html {{ --pst-font-family-base: {family}, var(--pst-font-family-base-system);\n"
+        f"  --pst-font-family-heading: {family}, var(--pst-font-family-base-system);\n"
+        f"  --pst-font-family-monospace: var(--pst-font-family-monospace-system), {family}; }}\n"
+    )
 
 
 def _add_web_font(app) -> None:

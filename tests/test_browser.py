@@ -296,9 +296,10 @@ def test_solutions_hidden_until_opened(tab, server):
             problems.append(f"{f}: {open_prose} solution dropdowns open on load")
         for summary in page.query_selector_all(".cell.tag_solution > details > summary"):
             summary.click()
-        try:     # (myst-nb fades the opened content in)
-            page.wait_for_function(f"() => ({SOLUTIONS_JS})().every(s => s.shown === 2 * s.outputs)",
-                                   timeout=5_000)
+        try:  # (myst-nb fades the opened content in)
+            page.wait_for_function(
+                f"() => ({SOLUTIONS_JS})().every(s => s.shown === 2 * s.outputs)", timeout=5_000
+            )
         except Exception:
             pass
         after = page.evaluate(SOLUTIONS_JS)
