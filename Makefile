@@ -36,11 +36,12 @@ TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: help venv setup book widget-js chromium test lab clean distclean participant dist handout
-.PHONY: book-zh i18n-update i18n-check lock
+.PHONY: book-zh i18n-update i18n-check lock lint
 
 help:
 	@echo "make book   build the HTML book into _build/html (strict, from stored outputs)"
 	@echo "make test   run tests/ and nbval over notebooks/ (2 workers), incl. a strict book build"
+	@echo "make lint   ruff check (settings: pyproject.toml [tool.ruff]); CI runs it before the tests"
 	@echo "make lab    start JupyterLab on notebooks/"
 	@echo "make participant  participant notebooks (outputs cleared, solutions left out) -> _build/participant/"
 	@echo "make dist   build the book and pack it as _build/tokenflow-book.zip (readers need no node)"
@@ -133,6 +134,12 @@ book: $(STAMP) widget-js
 	$(VENV)/bin/jupyter-book build -W -n --keep-going .
 	$(VPY) scripts/i18n.py build
 	@echo "$(CURDIR)/_build/html/index.html"
+
+# --- lint --------------------------------------------------------------------------------------
+# ruff (pinned by the lock, in the test extra) with pyproject.toml's [tool.ruff]: pycodestyle and
+# pyflakes, lines of at most 100 columns; the notebooks are not linted.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 # --- tests -------------------------------------------------------------------------------------
 # tests/*.py as usual; --nbval makes pytest collect notebooks/*.ipynb and compare stored outputs.
