@@ -36,6 +36,7 @@ TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: help venv setup book widget-js chromium test lab clean distclean participant dist handout
+.PHONY: pdf
 .PHONY: book-zh i18n-update i18n-check lock lint
 
 help:
@@ -46,6 +47,7 @@ help:
 	@echo "make participant  participant notebooks (outputs cleared, solutions left out) -> _build/participant/"
 	@echo "make dist   build the book and pack it as _build/tokenflow-book.zip (readers need no node)"
 	@echo "make handout  build the book, print every chapter's slides on A4 -> _build/handout/*.pdf (Chromium)"
+	@echo "make pdf    build the book, print it whole on A4, one PDF per edition -> _build/html{,/zh}/tokenflow.pdf"
 	@echo "make i18n-update  after changing English prose: re-extract messages into locale/zh_CN/*.po"
 	@echo "make i18n-check   translation check (I18N_STRICT=1 fails on any gap; see README)"
 	@echo "make venv   create .venv and install requirements.txt, the lock (alias: setup)"
@@ -162,6 +164,12 @@ participant: $(STAMP)
 # printed on A4 with Chromium (Playwright) -> _build/handout/tokenflow-handout{,-zh}.pdf.
 handout: book chromium
 	$(VPY) scripts/slides.py handout
+
+# The whole book, each edition as one A4 PDF next to its pages (_build/html/tokenflow.pdf,
+# _build/html/zh/tokenflow.pdf): every page of _toc.yml printed in Chromium and joined
+# (scripts/book_pdf.py). `make book` rebuilds zh/, so run this after it.
+pdf: book chromium
+	$(VPY) scripts/book_pdf.py
 
 # The built book (English + _build/html/zh/) as one zip: unpack anywhere, open index.html.
 dist: book

@@ -235,3 +235,17 @@ def test_every_page_names_the_licences_in_its_footer(html_dir):
         assert "MIT licence" in footer and "Open Font License" in footer, f"{name}: {footer!r}"
         for url in LICENCE_LINKS:
             assert f'href="{url}"' in footer, f"{name}: no link to {url}"
+
+
+def test_front_page_and_workshop_link_the_book_pdf(html_dir):
+    """`make pdf` (scripts/book_pdf.py) writes each edition's whole book next to its pages; the
+    front page and the workshop page link it (the Chinese edition: tests/test_i18n.py)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("book_pdf", ROOT / "scripts" / "book_pdf.py")
+    book_pdf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(book_pdf)
+    for name in ("book/intro", "book/workshop"):
+        page = html_dir / f"{name}.html"
+        hrefs = re.findall(r'<p class="tf-pdf"><a href="([^"]+)"', page.read_text(encoding="utf-8"))
+        assert len(hrefs) == 1, f"{name}: {hrefs}"
+        assert _resolve(page, hrefs[0]) == (html_dir / book_pdf.NAME).resolve(), hrefs[0]

@@ -298,6 +298,16 @@ def test_every_zh_page_names_the_licences_in_its_footer(zh_html):
         assert zh_footer in footer.group(1) and "Text and figures" not in footer.group(1), page
 
 
+def test_zh_front_page_and_workshop_link_the_zh_book_pdf(zh_html):
+    """scripts/book_pdf.py writes the Chinese book to zh/tokenflow.pdf: the same relative link
+    as the English pages reaches it."""
+    for name in ("book/intro", "book/workshop"):
+        page = zh_html / f"{name}.html"
+        hrefs = re.findall(r'<p class="tf-pdf"><a href="([^"]+)"', page.read_text(encoding="utf-8"))
+        assert len(hrefs) == 1, f"{name}: {hrefs}"
+        assert (page.parent / hrefs[0]).resolve() == (zh_html / "tokenflow.pdf").resolve()
+
+
 def test_zh_search_index_finds_shoudu(zh_html):
     text = (zh_html / "searchindex.js").read_text(encoding="utf-8")
     index = json.loads(text[text.index("(") + 1: text.rindex(")")])
