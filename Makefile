@@ -30,24 +30,28 @@ PYTHON_VERSION := $(shell $(PYTHON_EXE) -c 'import sys; print("%d.%d" % sys.vers
 SUPPORTED_PYTHONS := 3.11 3.12 3.13
 PY_STAMP := $(VENV)/.python-$(PYTHON_VERSION)
 WIDGET_JS := .widgets_js/extra/_static/tokenflow-widgets/VERSIONS.txt
-# torch's pin, read from requirements.txt; on Linux it comes from PyTorch's CPU wheel index (the
-# default index's Linux wheel is the CUDA build, several GB of nvidia packages).
+# torch's pin, read from requirements.txt (the lock); on Linux it comes from PyTorch's CPU wheel
+# index (the default index's Linux wheel is the CUDA build, several GB of nvidia packages).
 TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: help venv setup book widget-js chromium test lab clean distclean participant dist handout
-.PHONY: book-zh i18n-update i18n-check vllm vllm-test
+.PHONY: pdf
+.PHONY: book-zh i18n-update i18n-check lock lint vllm vllm-test
 
 help:
 	@echo "make book   build the HTML book into _build/html (strict, from stored outputs)"
 	@echo "make test   run tests/ and nbval over notebooks/ (2 workers), incl. a strict book build"
+	@echo "make lint   ruff check (settings: pyproject.toml [tool.ruff]); CI runs it before the tests"
 	@echo "make lab    start JupyterLab on notebooks/"
 	@echo "make participant  participant notebooks (outputs cleared, solutions left out) -> _build/participant/"
 	@echo "make dist   build the book and pack it as _build/tokenflow-book.zip (readers need no node)"
 	@echo "make handout  build the book, print every chapter's slides on A4 -> _build/handout/*.pdf (Chromium)"
+	@echo "make pdf    build the book, print it whole on A4, one PDF per edition -> _build/html{,/zh}/tokenflow.pdf"
 	@echo "make i18n-update  after changing English prose: re-extract messages into locale/zh_CN/*.po"
 	@echo "make i18n-check   translation check (I18N_STRICT=1 fails on any gap; see README)"
-	@echo "make venv   create .venv and install requirements.txt (alias: setup)"
+	@echo "make venv   create .venv and install requirements.txt, the lock (alias: setup)"
+	@echo "make lock   after changing requirements.in or pyproject.toml's dependencies: rewrite requirements.txt"
 	@echo "make clean  remove build outputs; make distclean also removes .venv"
 
 # --- environment -----------------------------------------------------------------------------
@@ -68,7 +72,8 @@ $(PY_STAMP):
 	if [ -x $(VPY) ] && [ -e $(STAMP) ]; then touch -r $(STAMP) $@; \
 	else $(PYTHON_EXE) -m venv $(VENV) && touch $@; fi
 
-# Re-install only when requirements.txt or pyproject.toml changed (torch is pinned there: torch==2.13.0).
+# requirements.txt is the full lock (every package pinned, generated from requirements.in and
+# pyproject.toml by `make lock`). Re-install only when requirements.txt or pyproject.toml changed.
 # On Linux, torch first from the CPU index (--no-deps: its dependencies come with requirements.txt),
 # unless the pinned CPU torch is already installed (e.g. from a wheel folder); an unreachable index
 # fails within seconds (--timeout 5 --retries 0, overriding any PIP_DEFAULT_TIMEOUT).
@@ -97,6 +102,14 @@ $(STAMP): requirements.txt pyproject.toml $(PY_STAMP) | $(VPY)
 	$(call cpu_torch,$(VPY))
 	$(VPY) -m pip install -r requirements.txt
 	touch $@
+
+# The lock: requirements.in (top-level pins, -e .[book,hf,test]) -> requirements.txt, every package
+# pinned, for Linux, macOS and Windows and Python 3.11-3.13 (uv pip compile --universal), torch
+# with the CPU build's dependencies (scripts/lock.py says how). uv comes from PyPI on first use.
+UV_VERSION ?= 0.13.9
+lock: $(STAMP)
+	$(VPY) -c 'import uv' 2>/dev/null || $(VPY) -m pip install -q "uv==$(UV_VERSION)"
+	$(VPY) scripts/lock.py
 
 # --- book --------------------------------------------------------------------------------------
 # require.js, @jupyter-widgets/html-manager and MathJax from npm, so the pages work offline.
@@ -128,6 +141,12 @@ book: $(STAMP) widget-js
 	$(VENV)/bin/jupyter-book build -W -n --keep-going .
 	$(VPY) scripts/i18n.py build
 	@echo "$(CURDIR)/_build/html/index.html"
+
+# --- lint --------------------------------------------------------------------------------------
+# ruff (pinned by the lock, in the test extra) with pyproject.toml's [tool.ruff]: pycodestyle and
+# pyflakes, lines of at most 100 columns; the notebooks are not linted.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 # --- tests -------------------------------------------------------------------------------------
 # tests/*.py as usual; --nbval makes pytest collect notebooks/*.ipynb and compare stored outputs.
@@ -175,6 +194,12 @@ participant: $(STAMP)
 handout: book chromium
 	$(VPY) scripts/slides.py handout
 
+# The whole book, each edition as one A4 PDF next to its pages (_build/html/tokenflow.pdf,
+# _build/html/zh/tokenflow.pdf): every page of _toc.yml printed in Chromium and joined
+# (scripts/book_pdf.py). `make book` rebuilds zh/, so run this after it.
+pdf: book chromium
+	$(VPY) scripts/book_pdf.py
+
 # The built book (English + _build/html/zh/) as one zip: unpack anywhere, open index.html.
 dist: book
 	rm -f _build/tokenflow-book.zip
@@ -203,7 +228,7 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks $(LAB_ARGS)
 
 clean:
-	rm -rf _build .widgets_js .pytest_cache
+	rm -rf _build .widgets_js .pytest_cache build dist
 	find . -path ./.venv -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -print0 | xargs -0 rm -rf
 
 distclean: clean

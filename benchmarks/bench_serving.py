@@ -199,10 +199,17 @@ def main() -> None:
     print(f"load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after")
     if a.json:
         data = json.loads(a.json.read_text(encoding="utf-8")) if a.json.exists() else {}
-        data["serving"] = dict(machine=machine(a.threads), date=started.strftime("%Y-%m-%d"),
-                               started=started.strftime("%H:%M UTC"), threads=a.threads, pairs=a.pairs, quick=a.quick,
-                               load_before=load_before[0], load_after=load_after[0],
-                               rows=rows)
+        data["serving"] = dict(
+            machine=machine(a.threads),
+            date=started.strftime("%Y-%m-%d"),
+            started=started.strftime("%H:%M UTC"),
+            threads=a.threads,
+            pairs=a.pairs,
+            quick=a.quick,
+            load_before=load_before[0],
+            load_after=load_after[0],
+            rows=rows,
+        )
         a.json.write_text(json.dumps(data, indent=1), encoding="utf-8")
 
 

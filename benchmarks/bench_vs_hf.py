@@ -126,10 +126,10 @@ def bench_prefill(ours, hf, length: int, repeats: int) -> dict:
 
 def bench_floor(ours, repeats: int = 10) -> float:
     """Seconds per batch-1 decode step spent in the matrix products alone: one ``F.linear``
-    per weight matrix a token touches (attention q/k/v/o, or MLA's q / kv_a / kv_b / o; the dense FFN, or the router, K
-    routed experts and the shared expert of an MoE layer; the LM head), in a tight loop with
-    nothing else. Both implementations must read these weights for every new token, so no
-    implementation can beat this floor; ``HF step / floor`` bounds the possible speed-up.
+    per weight matrix a token touches (attention q/k/v/o, or MLA's q / kv_a / kv_b / o; the dense
+    FFN, or the router, K routed experts and the shared expert of an MoE layer; the LM head), in a
+    tight loop with nothing else. Both implementations must read these weights for every new token,
+    so no implementation can beat this floor; ``HF step / floor`` bounds the possible speed-up.
     Timed in two layouts, the separate matrices and the packed ones (q/k/v as one matrix,
     each FFN's gate/up as one, as ``tokenflow.model.fused`` runs them): the floor is the faster."""
     import torch.nn.functional as F

@@ -5,9 +5,9 @@
 
 Builds the preset with the benchmark's random weights (``_common.build_pair``), fills a KV
 cache with a 16-token prompt, warms up, then profiles ``--steps`` decode steps (CPU
-activities, ``torch.set_num_threads(2)`` unless ``--threads``) and prints the ops sorted by self CPU time, per
-step (totals divided by the number of steps), plus the step's wall time and the share of it
-spent inside matrix products (``aten::mm`` / ``addmm`` / ``bmm`` / ``_grouped_mm``).
+activities, ``torch.set_num_threads(2)`` unless ``--threads``) and prints the ops sorted by self CPU
+time, per step (totals divided by the number of steps), plus the step's wall time and the share of
+it spent inside matrix products (``aten::mm`` / ``addmm`` / ``bmm`` / ``_grouped_mm``).
 
 ``--split`` adds a profiler-free split of the unprofiled step: the wall time of every
 ``F.linear`` call inside the step (each call timed with ``perf_counter``), the same calls on the
@@ -65,8 +65,11 @@ def main() -> None:
     events = prof.key_averages()
     mm = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS) / args.steps
     ops = sum(e.count for e in events) / args.steps
-    print(f"# {args.preset}, batch {args.batch}, {args.threads} thread(s): decode step {wall * 1e3:.2f} ms (unprofiled), "
-          f"{ops:.0f} profiled ops/step, matrix products {mm / 1e3:.2f} ms/step")
+    print(
+        f"# {args.preset}, batch {args.batch}, {args.threads} thread(s): "
+        f"decode step {wall * 1e3:.2f} ms (unprofiled), "
+        f"{ops:.0f} profiled ops/step, matrix products {mm / 1e3:.2f} ms/step"
+    )
     print("| op | calls/step | self CPU ms/step | share |")
     print("|---|---:|---:|---:|")
     total = sum(e.self_cpu_time_total for e in events)

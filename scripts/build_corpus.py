@@ -15,7 +15,8 @@ COUNTRIES = [  # (国家, 首都, country, capital)
     ("印度", "新德里", "India", "New Delhi"), ("西班牙", "马德里", "Spain", "Madrid"),
     ("泰国", "曼谷", "Thailand", "Bangkok"), ("越南", "河内", "Vietnam", "Hanoi"),
     ("澳大利亚", "堪培拉", "Australia", "Canberra"), ("希腊", "雅典", "Greece", "Athens"),
-    ("葡萄牙", "里斯本", "Portugal", "Lisbon"), ("荷兰", "阿姆斯特丹", "the Netherlands", "Amsterdam"),
+    ("葡萄牙", "里斯本", "Portugal", "Lisbon"),
+    ("荷兰", "阿姆斯特丹", "the Netherlands", "Amsterdam"),
     ("瑞典", "斯德哥尔摩", "Sweden", "Stockholm"), ("挪威", "奥斯陆", "Norway", "Oslo"),
     ("芬兰", "赫尔辛基", "Finland", "Helsinki"), ("波兰", "华沙", "Poland", "Warsaw"),
     ("土耳其", "安卡拉", "Turkey", "Ankara"), ("伊朗", "德黑兰", "Iran", "Tehran"),
@@ -23,7 +24,8 @@ COUNTRIES = [  # (国家, 首都, country, capital)
     ("蒙古", "乌兰巴托", "Mongolia", "Ulaanbaatar"), ("古巴", "哈瓦那", "Cuba", "Havana"),
 ]
 REGIONS = [  # (自治区, 首府) — capitals of autonomous regions are called 首府
-    ("西藏", "拉萨"), ("新疆", "乌鲁木齐"), ("内蒙古", "呼和浩特"), ("广西", "南宁"), ("宁夏", "银川"),
+    ("西藏", "拉萨"), ("新疆", "乌鲁木齐"), ("内蒙古", "呼和浩特"), ("广西", "南宁"),
+    ("宁夏", "银川"),
 ]
 PROVINCES = [  # (省, 省会)
     ("广东", "广州"), ("浙江", "杭州"), ("江苏", "南京"), ("四川", "成都"), ("湖北", "武汉"),

@@ -58,7 +58,10 @@ def extract(root: Path, out: Path) -> Path:
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
     pot_dir = out / "_build" / "gettext"
     if proc.returncode != 0 or not pot_dir.is_dir():
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode})\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        raise RuntimeError(
+            f"{' '.join(cmd)} failed ({proc.returncode})\n{proc.stdout[-4000:]}\n"
+            f"{proc.stderr[-4000:]}"
+        )
     return pot_dir
 
 
@@ -167,9 +170,13 @@ def compare(pot_file: Path, po_file: Path, page: str) -> PageReport:
         report.total += 1
         entry = catalog.get(message.id, message.context)
         if entry is None:
-            report.problems.append(f"missing (not in the catalog, run `make i18n-update`): {_short(message.id)!r}")
+            report.problems.append(
+                f"missing (not in the catalog, run `make i18n-update`): {_short(message.id)!r}"
+            )
         elif entry.fuzzy:
-            report.problems.append(f"fuzzy (English changed, check the translation): {_short(message.id)!r}")
+            report.problems.append(
+                f"fuzzy (English changed, check the translation): {_short(message.id)!r}"
+            )
         elif not entry.string:
             report.problems.append(f"untranslated: {_short(message.id)!r}")
         else:
@@ -191,14 +198,20 @@ def check_catalogs(pot_dir: Path, locale_dir: Path) -> list[PageReport]:
     """One PageReport per page (docname order), plus one per catalog whose page is gone."""
     po_dir = locale_dir / LANG / "LC_MESSAGES"
     reports = []
-    pages = sorted(p.relative_to(pot_dir).with_suffix("").as_posix() for p in pot_dir.rglob("*.pot"))
+    pages = sorted(
+        p.relative_to(pot_dir).with_suffix("").as_posix() for p in pot_dir.rglob("*.pot")
+    )
     for page in pages:
         reports.append(compare(pot_dir / f"{page}.pot", po_dir / f"{page}.po", page))
     known = set(pages)
     for po in sorted(po_dir.rglob("*.po")) if po_dir.is_dir() else []:
         page = po.relative_to(po_dir).with_suffix("").as_posix()
         if page not in known:
-            reports.append(PageReport(page, problems=[f"orphaned catalog {po.name}: the page is gone, delete it"]))
+            reports.append(
+                PageReport(
+                    page, problems=[f"orphaned catalog {po.name}: the page is gone, delete it"]
+                )
+            )
     return reports
 
 
@@ -214,7 +227,9 @@ def strict_pages(locale_dir: Path, pages: list[str], env: str | None) -> set[str
     marker = locale_dir / "STRICT"
     if not marker.is_file():
         return set()
-    listed = {line.split("#")[0].strip() for line in marker.read_text(encoding="utf-8").splitlines()}
+    listed = {
+        line.split("#")[0].strip() for line in marker.read_text(encoding="utf-8").splitlines()
+    }
     listed.discard("")
     unknown = listed - set(pages)
     if unknown:
@@ -236,7 +251,10 @@ def print_report(reports: list[PageReport], strict: set[str]) -> int:
     print(f"{'page':<{width}}  messages  translated       gaps  mode")
     for r in reports:
         mode = "strict" if r.page in strict else "report"
-        print(f"{r.page:<{width}}  {r.total:8d}  {r.translated:5d} {r.percent:5.1f}%  {len(r.problems):5d}  {mode}")
+        print(
+            f"{r.page:<{width}}  {r.total:8d}  {r.translated:5d} {r.percent:5.1f}%  "
+            f"{len(r.problems):5d}  {mode}"
+        )
     total = sum(r.total for r in reports)
     done = sum(r.translated for r in reports)
     print(f"{'all pages':<{width}}  {total:8d}  {done:5d} {100.0 * done / max(total, 1):5.1f}%")
@@ -273,12 +291,17 @@ def check(root: Path = ROOT, env: str | None = None) -> int:
               "above; FORBIDDEN_TERMS in scripts/i18n.py), in any mode.")
         return 1
     if failing:
-        print(f"FAILED: {failing} gap(s) in strict pages (above). After changing English prose: "
-              "`make i18n-update`, translate the new/fuzzy entries in locale/zh_CN/, rerun `make i18n-check`.")
+        print(
+            f"FAILED: {failing} gap(s) in strict pages (above). After changing English prose: "
+            "`make i18n-update`, translate the new/fuzzy entries in locale/zh_CN/, "
+            "rerun `make i18n-check`."
+        )
         return 1
     if gaps:
-        print(f"WARNING: the Chinese edition is incomplete ({gaps} gap(s)); not failing because the "
-              "pages are in report mode (I18N_STRICT=1 or locale/STRICT makes them fail).")
+        print(
+            f"WARNING: the Chinese edition is incomplete ({gaps} gap(s)); not failing because the "
+            "pages are in report mode (I18N_STRICT=1 or locale/STRICT makes them fail)."
+        )
     elif not strict:
         print("All catalogs complete: `touch locale/STRICT` to make every future gap fail.")
     return 0
@@ -295,11 +318,23 @@ def build(root: Path = ROOT, dest: Path | None = None, staging: Path | None = No
     dest = dest or root / "_build" / "html" / EDITION_PATH
     staging = staging or root / "_build" / "i18n" / LANG
     html = staging / "_build" / "html"
-    overrides = {"external_toc_path": (root / "_toc.yml").as_posix(), "latex_individualpages": False,
-                 "nitpicky": True, "language": LANG}
+    overrides = {
+        "external_toc_path": (root / "_toc.yml").as_posix(),
+        "latex_individualpages": False,
+        "nitpicky": True,
+        "language": LANG,
+    }
     start = time.perf_counter()
-    status = build_sphinx(root, html, noconfig=True, path_config=str(root / "_config.yml"),
-                          confoverrides=overrides, builder="html", warningiserror=True, keep_going=True)
+    status = build_sphinx(
+        root,
+        html,
+        noconfig=True,
+        path_config=str(root / "_config.yml"),
+        confoverrides=overrides,
+        builder="html",
+        warningiserror=True,
+        keep_going=True,
+    )
     if status != 0:
         print(f"the {LANG} edition failed to build ({status})", file=sys.stderr)
         return status if isinstance(status, int) else 2
@@ -313,9 +348,15 @@ def build(root: Path = ROOT, dest: Path | None = None, staging: Path | None = No
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["update", "check", "build"])
-    parser.add_argument("--root", type=Path, default=ROOT, help="the book's root (default: this repository)")
-    parser.add_argument("--dest", type=Path, help="build: where the HTML goes (default ROOT/_build/html/zh)")
-    parser.add_argument("--staging", type=Path, help="build: where Sphinx builds (default ROOT/_build/i18n/zh_CN)")
+    parser.add_argument(
+        "--root", type=Path, default=ROOT, help="the book's root (default: this repository)"
+    )
+    parser.add_argument(
+        "--dest", type=Path, help="build: where the HTML goes (default ROOT/_build/html/zh)"
+    )
+    parser.add_argument(
+        "--staging", type=Path, help="build: where Sphinx builds (default ROOT/_build/i18n/zh_CN)"
+    )
     args = parser.parse_args(argv)
     root = args.root.resolve()
     try:

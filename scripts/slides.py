@@ -73,14 +73,20 @@ def _build_fonts():
     """scripts/build_fonts.py (the web font's file, family, code point ranges and subsetter)."""
     import importlib.util
     if "build_fonts" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("build_fonts", ROOT / "scripts" / "build_fonts.py")
+        spec = importlib.util.spec_from_file_location(
+            "build_fonts", ROOT / "scripts" / "build_fonts.py"
+        )
         sys.modules["build_fonts"] = module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     return sys.modules["build_fonts"]
 
 
 build_fonts = _build_fonts()
-FONT, FONT_FAMILY, FONT_RANGES = build_fonts.WEB_FONT, build_fonts.WEB_FAMILY, build_fonts.WEB_RANGES
+FONT, FONT_FAMILY, FONT_RANGES = (
+    build_fonts.WEB_FONT,
+    build_fonts.WEB_FAMILY,
+    build_fonts.WEB_RANGES,
+)
 
 
 # --- prose ----------------------------------------------------------------------------------
@@ -119,7 +125,11 @@ class Prose:
         if not re.match(r"[a-z]+:", href) and not href.startswith("#"):
             path, _, anchor = href.partition("#")
             stem, ext = posixpath.splitext(posixpath.normpath(posixpath.join(self.page_dir, path)))
-            href = f"../{stem}.html" + (f"#{anchor}" if anchor else "") if ext in (".md", ".ipynb") else ""
+            href = (
+                f"../{stem}.html" + (f"#{anchor}" if anchor else "")
+                if ext in (".md", ".ipynb")
+                else ""
+            )
         if not href:
             return "<a>"
         token.attrSet("href", href)
@@ -252,8 +262,10 @@ def cell_slides(cells: list, i: int, title: str, prose: Prose) -> list[Slide]:
                if mime in o.get("data", {})]
     if figures:
         caption = _caption(cells, i, prose)
-        return [Slide("figure", title, _figure(mime, data, caption if k == len(figures) - 1 else ""))
-                for k, (mime, data) in enumerate(figures)]
+        return [
+            Slide("figure", title, _figure(mime, data, caption if k == len(figures) - 1 else ""))
+            for k, (mime, data) in enumerate(figures)
+        ]
     tables = [_text(o["data"]["text/html"]) for o in outputs
               if 'class="tf-table"' in _text(o.get("data", {}).get("text/html", ""))]
     if tables:
@@ -332,8 +344,10 @@ body { margin: 0; background: #2b2d31; color: #1f2328;
                "Liberation Sans", Arial, sans-serif; }
 .slide { box-sizing: border-box; width: %(w)dpx; height: %(h)dpx; margin: 0 auto 24px;
   padding: 44px 60px 52px; background: #fff; display: flex; flex-direction: column; gap: 18px;
-  position: relative; overflow: visible; font-size: calc(26px * min(var(--k), 1)); line-height: 1.35; }
-.slide h1 { font-size: calc(50px * min(var(--k), 1)); margin: auto 0 0; color: %(blue)s; line-height: 1.2; }
+  position: relative; overflow: visible; font-size: calc(26px * min(var(--k), 1));
+  line-height: 1.35; }
+.slide h1 { font-size: calc(50px * min(var(--k), 1)); margin: auto 0 0; color: %(blue)s;
+  line-height: 1.2; }
 .slide h2 { font-size: calc(34px * min(var(--k), 1)); margin: 0; color: %(blue)s; line-height: 1.2;
   border-bottom: 3px solid %(blue)s; padding-bottom: 8px; }
 .slide .body { flex: 1 1 auto; min-height: 0; display: flex; flex-direction: column; gap: 12px; }
@@ -342,19 +356,23 @@ body { margin: 0; background: #2b2d31; color: #1f2328;
 .slide .source { font-size: 18px; margin: 0; }
 .slide .source a { color: #59636e; }
 .slide code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberation Mono",
-  monospace, "%(font)s"; font-size: 0.9em; background: #f3f4f6; padding: 0 0.2em; border-radius: 3px; }
+  monospace, "%(font)s"; font-size: 0.9em; background: #f3f4f6; padding: 0 0.2em;
+  border-radius: 3px; }
 .slide figure { margin: 0; flex: 1 1 auto; min-height: 0; display: flex; flex-direction: column;
   align-items: center; gap: 8px; }
-.slide figure img { flex: 1 1 auto; min-height: 0; max-width: 100%%; width: 100%%; object-fit: contain; }
+.slide figure img { flex: 1 1 auto; min-height: 0; max-width: 100%%; width: 100%%;
+  object-fit: contain; }
 .slide figcaption { font-size: calc(20px * min(var(--k), 1)); color: #444; text-align: center; }
 .slide .item { margin: 0 0 0.35em; }
 .slide ul.decks { list-style: none; padding: 0; margin: 0; }
 .slide .item .mark { color: %(blue)s; font-weight: 600; }
 .slide .table { flex: 0 1 auto; min-height: 0; font-size: calc(19px * var(--k)); }
-.slide table.tf-table { border-collapse: collapse; font-variant-numeric: tabular-nums; margin: 0 auto; }
+.slide table.tf-table { border-collapse: collapse; font-variant-numeric: tabular-nums;
+  margin: 0 auto; }
 .slide table.tf-table th, .slide table.tf-table td { padding: 0.12em 0.6em; white-space: nowrap;
   border-bottom: 1px solid #d0d7de; }
-.slide table.tf-table caption { caption-side: top; text-align: left; font-weight: 600; padding-bottom: 0.3em; }
+.slide table.tf-table caption { caption-side: top; text-align: left; font-weight: 600;
+  padding-bottom: 0.3em; }
 .slide footer { position: absolute; left: 60px; right: 60px; bottom: 16px; display: flex;
   justify-content: space-between; font-size: 15px; color: #8b949e; }
 nav.deck-nav { display: none; }
@@ -370,8 +388,8 @@ nav.deck-nav button { font-size: 18px; padding: 2px 12px; border: 1px solid #8b9
 @media print {
   @page { size: %(w)dpx %(h)dpx; margin: 0; }
   html.js body, body { background: #fff; overflow: visible; height: auto; }
-  html.js .slide, .slide { display: flex; position: relative; left: auto; top: auto; transform: none;
-    margin: 0; break-after: page; }
+  html.js .slide, .slide { display: flex; position: relative; left: auto; top: auto;
+    transform: none; margin: 0; break-after: page; }
   nav.deck-nav, html.js nav.deck-nav { display: none; }
 }
 """
@@ -402,8 +420,10 @@ SCRIPT = """
   }
   function fits(s) {
     var r = s.getBoundingClientRect(), cs = getComputedStyle(s), z = r.width / s.offsetWidth;
-    var box = {left: r.left + parseFloat(cs.paddingLeft) * z, right: r.right - parseFloat(cs.paddingRight) * z,
-               top: r.top + parseFloat(cs.paddingTop) * z, bottom: r.bottom - parseFloat(cs.paddingBottom) * z};
+    var box = {left: r.left + parseFloat(cs.paddingLeft) * z,
+               right: r.right - parseFloat(cs.paddingRight) * z,
+               top: r.top + parseFloat(cs.paddingTop) * z,
+               bottom: r.bottom - parseFloat(cs.paddingBottom) * z};
     return [].slice.call(s.querySelectorAll('*')).every(function (e) {
       return e.closest('footer') ? inside(e, r) : inside(e, box);
     }) && s.scrollWidth <= s.clientWidth + 1 && s.scrollHeight <= s.clientHeight + 1;
@@ -459,7 +479,13 @@ SCRIPT = """
 """
 
 
-def _page(title: str, lang: str, body_class: str, body: str, css: str, handout: bool = False) -> str:
+# The slides are the book's text and figures: CC BY 4.0 (LICENSE-text), named on every slide.
+LICENCE = "CC BY 4.0"
+
+
+def _page(
+    title: str, lang: str, body_class: str, body: str, css: str, handout: bool = False
+) -> str:
     style = STYLE % {"w": WIDTH, "h": HEIGHT, "blue": HIDDEN_BLUE, "font": FONT_FAMILY}
     if handout:
         style += HANDOUT_STYLE % {"zoom": f"{HANDOUT_ZOOM:.7g}"}
@@ -474,7 +500,7 @@ def _slide_html(deck: Deck, k: int, slide: Slide) -> str:
     heading = (f"<h1>{slide.title}</h1>" if slide.kind == "title" else f"<h2>{slide.title}</h2>")
     return (f'<section class="slide" data-kind="{slide.kind}" data-chapter="{deck.number}" '
             f'id="s{deck.number}-{k + 1}">{heading}<div class="body">{slide.body}</div>'
-            f"<footer><span>tokenflow · {deck.page.split('/')[-1]}</span>"
+            f"<footer><span>tokenflow · {deck.page.split('/')[-1]} · {LICENCE}</span>"
             f"<span>{k + 1} / {len(deck.slides)}</span></footer></section>")
 
 
@@ -551,7 +577,8 @@ def print_handout(page, html_path: Path, pdf_path: Path | None) -> dict:
     page.goto(html_path.resolve().as_uri(), wait_until="load")
     page.wait_for_function("() => document.documentElement.dataset.fitted === 'yes'")
     sheets = page.evaluate("""() => { const n = {};
-        for (const s of document.querySelectorAll('.sheet')) n[s.dataset.chapter] = (n[s.dataset.chapter] || 0) + 1;
+        for (const s of document.querySelectorAll('.sheet'))
+          n[s.dataset.chapter] = (n[s.dataset.chapter] || 0) + 1;
         return n; }""")
     if pdf_path is None:
         return {"pages": None, "sheets": sheets}
@@ -587,7 +614,9 @@ def handout(root: Path = ROOT, out: Path | None = None) -> list[Path]:
             for folder, _ in EDITIONS.values()]
     jobs = [(h, p) for h, p in jobs if h.is_file()]
     if not jobs:
-        raise FileNotFoundError(f"no {root / '_build/html/slides/handout.html'}: run `make book` first")
+        raise FileNotFoundError(
+            f"no {root / '_build/html/slides/handout.html'}: run `make book` first"
+        )
     written = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=_chromium(p.chromium.executable_path),
@@ -622,7 +651,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["build", "handout"])
     parser.add_argument("--lang", default="en", choices=sorted(EDITIONS), help="build: the edition")
-    parser.add_argument("--out", type=Path, help="build: folder for the decks; handout: for the PDFs")
+    parser.add_argument(
+        "--out", type=Path, help="build: folder for the decks; handout: for the PDFs"
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "build":

@@ -11,7 +11,8 @@ extension adds what Sphinx's own translation step does not cover:
   priority 100) after Sphinx's ``Locale`` transform (priority 20), so their captions are
   translated here, from the root page's catalog, where the gettext builder extracts them;
 * per-edition config values that are not messages (``html_title``, the search box placeholder
-  ``html_theme_options.search_bar_text``), from ``tokenflow_editions`` in _config.yml;
+  ``html_theme_options.search_bar_text``, the licence footer ``html_theme_options.extra_footer``),
+  from ``tokenflow_editions`` in _config.yml;
 * the Chinese edition's web font: ``src/tokenflow/data/fonts/TokenflowCJK-zh.woff2`` (a subset
   of Noto Sans CJK SC with only the glyphs the zh pages use, see scripts/build_fonts.py) is
   copied to ``_static/fonts/`` and declared by ``_static/tokenflow-zh-font.css``, inline as a
@@ -74,13 +75,15 @@ def edition_url(pagename: str, from_path: str, to_path: str) -> str:
 
 
 def _apply_edition_config(app, config) -> None:
-    """config-inited: edition title and search text, and the switch in the article header."""
+    """config-inited: edition title, search text and footer, and the switch in the article
+    header."""
     edition = _editions(config)[_current(config)]
     if edition.get("html_title"):
         config.html_title = edition["html_title"]
     options = dict(config.html_theme_options or {})
-    if edition.get("search_bar_text"):
-        options["search_bar_text"] = edition["search_bar_text"]
+    for key in ("search_bar_text", "extra_footer"):
+        if edition.get(key):
+            options[key] = edition[key]
     end = options.get("article_header_end", [BUTTONS_TEMPLATE])
     if isinstance(end, str):
         end = [item.strip() for item in end.split(",") if item.strip()]
@@ -143,15 +146,17 @@ def web_font_css(woff2: bytes) -> str:
     families and last in its monospace family, restricted to CJK code points."""
     data = base64.b64encode(woff2).decode()
     family = f'"{WEB_FONT_FAMILY}"'
-    return (f"/* {WEB_FONT_FAMILY}: subset of Noto Sans CJK SC, SIL Open Font License 1.1 "
-            f"(fonts/OFL.txt); scripts/build_fonts.py */\n"
-            f"@font-face {{ font-family: {family}; font-style: normal; font-weight: 400 700; "
-            f"font-display: swap; unicode-range: {WEB_FONT_RANGE};\n"
-            f"  src: url(data:font/woff2;base64,{data}) format(\"woff2\"),\n"
-            f"       url(fonts/{WEB_FONT.name}) format(\"woff2\"); }}\n"
-            f"html {{ --pst-font-family-base: {family}, var(--pst-font-family-base-system);\n"
-            f"  --pst-font-family-heading: {family}, var(--pst-font-family-base-system);\n"
-            f"  --pst-font-family-monospace: var(--pst-font-family-monospace-system), {family}; }}\n")
+    return (
+        f"/* {WEB_FONT_FAMILY}: subset of Noto Sans CJK SC, SIL Open Font License 1.1 "
+        f"(fonts/OFL.txt); scripts/build_fonts.py */\n"
+        f"@font-face {{ font-family: {family}; font-style: normal; font-weight: 400 700; "
+        f"font-display: swap; unicode-range: {WEB_FONT_RANGE};\n"
+        f'  src: url(data:font/woff2;base64,{data}) format("woff2"),\n'
+        f'       url(fonts/{WEB_FONT.name}) format("woff2"); }}\n'
+        f"html {{ --pst-font-family-base: {family}, var(--pst-font-family-base-system);\n"
+        f"  --pst-font-family-heading: {family}, var(--pst-font-family-base-system);\n"
+        f"  --pst-font-family-monospace: var(--pst-font-family-monospace-system), {family}; }}\n"
+    )
 
 
 def _add_web_font(app) -> None:

@@ -136,10 +136,10 @@ def _shared_dir(tmp_path_factory, worker_id):
 
 def _once(shared, name: str, make) -> None:
     """Run ``make()`` once per test run, whichever process asks first: the others wait on the
-    file lock ``<name>.lock`` and skip it once ``<name>.done`` exists."""
-    import fcntl
-    with open(shared / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    file lock ``<name>.lock`` (the filelock package: also where fcntl does not exist, Windows)
+    and skip it once ``<name>.done`` exists."""
+    from filelock import FileLock
+    with FileLock(shared / f"{name}.lock"):
         if not (shared / f"{name}.done").exists():
             make()
             (shared / f"{name}.done").touch()

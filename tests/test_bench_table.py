@@ -62,7 +62,9 @@ def test_serving_table_and_notes_come_from_the_json():
     t = bench_table.serving_table(data).splitlines()
     assert t[0] == "| measure (1 thread) | this run | pairs (min-max) | target | met |"
     assert t[2] == "| packed vs padded engine (mixed) | 1.20x | 1.10-1.30 | >= 1.5x | no |"
-    assert t[4] == "| positions computed / real tokens (mixed) | 1.00 (padded 3.49) |  | 1.00 | yes |"
+    assert (
+        t[4] == "| positions computed / real tokens (mixed) | 1.00 (padded 3.49) |  | 1.00 | yes |"
+    )
     notes = bench_table.serving_notes(data)
     assert notes.startswith("2 of 3 targets met in this run; missed: packed vs padded "
                             "engine (mixed) 1.20x (target >= 1.5x).")

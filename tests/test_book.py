@@ -20,7 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 CHAPTER0 = "notebooks/00_token_flow"
 WIDGET_STATE_MIME = "application/vnd.jupyter.widget-state+json"
 # Widget modules that embed-amd.js bundles; anything else would be fetched from a CDN.
-BUNDLED_WIDGET_MODULES = {"@jupyter-widgets/base", "@jupyter-widgets/controls", "@jupyter-widgets/output"}
+BUNDLED_WIDGET_MODULES = {
+    "@jupyter-widgets/base",
+    "@jupyter-widgets/controls",
+    "@jupyter-widgets/output",
+}
 CDN_HOSTS = ("cdnjs", "jsdelivr", "unpkg")
 CDN_WIDGET_JS = re.compile(
     r"(?:cdnjs|jsdelivr|unpkg)[^\"'\s<>]*(?:require(?:\.min)?\.js|html-manager|embed-amd)", re.I
@@ -91,7 +95,9 @@ def _toc_files(toc: dict) -> list[str]:
 
 
 def _pages(html_dir: Path) -> list[Path]:
-    return sorted(p for p in html_dir.rglob("*.html") if "_static" not in p.relative_to(html_dir).parts)
+    return sorted(
+        p for p in html_dir.rglob("*.html") if "_static" not in p.relative_to(html_dir).parts
+    )
 
 
 def test_index_and_every_toc_page_exist(html_dir):
@@ -106,7 +112,9 @@ def test_index_and_every_toc_page_exist(html_dir):
 def test_offline_widget_js_is_in_the_output(html_dir):
     widgets = html_dir / "_static" / "tokenflow-widgets"
     for name in ("require.js", "embed-amd.js"):
-        assert (widgets / name).stat().st_size > 10_000, f"{name} missing or empty in the HTML output"
+        assert (widgets / name).stat().st_size > 10_000, (
+            f"{name} missing or empty in the HTML output"
+        )
     assert "define(" in (widgets / "embed-amd.js").read_text(encoding="utf-8")[:200_000]
 
 
@@ -129,8 +137,12 @@ def test_widget_pages_load_local_require_and_html_manager(html_dir):
             continue
         srcs = [s["attrs"]["src"] for s in tags.scripts if s["attrs"].get("src")]
         names = [Path(urlsplit(u).path).name for u in srcs]
-        assert "require.js" in names and "embed-amd.js" in names, f"{page.name}: widget JS not loaded"
-        assert names.index("require.js") < names.index("embed-amd.js"), f"{page.name}: require.js must load first"
+        assert "require.js" in names and "embed-amd.js" in names, (
+            f"{page.name}: widget JS not loaded"
+        )
+        assert names.index("require.js") < names.index("embed-amd.js"), (
+            f"{page.name}: require.js must load first"
+        )
         for u in srcs:
             if Path(urlsplit(u).path).name in ("require.js", "embed-amd.js"):
                 assert not _is_remote(u), f"{page.name}: {u} is not local"
@@ -142,15 +154,17 @@ def test_widget_pages_load_local_require_and_html_manager(html_dir):
             models = json.loads(state["body"])["state"].values()
             modules = {m["model_module"] for m in models}
             assert modules <= BUNDLED_WIDGET_MODULES, (
-                f"{page.name}: widget modules {modules - BUNDLED_WIDGET_MODULES} are not bundled in "
-                "embed-amd.js and would be fetched from a CDN"
+                f"{page.name}: widget modules {modules - BUNDLED_WIDGET_MODULES} are not bundled "
+                "in embed-amd.js and would be fetched from a CDN"
             )
 
 
 def test_no_page_uses_a_cdn_for_scripts_or_styles(html_dir):
     for page in _pages(html_dir):
         text = page.read_text(encoding="utf-8")
-        assert not CDN_WIDGET_JS.search(text), f"{page.name} references require.js/html-manager on a CDN"
+        assert not CDN_WIDGET_JS.search(text), (
+            f"{page.name} references require.js/html-manager on a CDN"
+        )
         tags = _parse(page)
         for s in tags.scripts:
             src = s["attrs"].get("src")
@@ -160,7 +174,9 @@ def test_no_page_uses_a_cdn_for_scripts_or_styles(html_dir):
             rel = link.get("rel") or ""
             href = link.get("href") or ""
             if rel in ("stylesheet", "preload", "modulepreload"):
-                assert not _is_remote(href), f"{page.relative_to(html_dir)}: <link rel={rel} href={href}>"
+                assert not _is_remote(href), (
+                    f"{page.relative_to(html_dir)}: <link rel={rel} href={href}>"
+                )
                 assert not any(h in href for h in CDN_HOSTS)
 
 
@@ -184,3 +200,52 @@ def test_diagram_pages_draw_mermaid_from_a_local_file(html_dir):
         assert not _is_remote(url) and _resolve(page, url).stat().st_size > 1_000_000
         if "require.js" in names:
             assert names.index("mermaid.min.js") < names.index("require.js")
+
+
+LICENCE_LINKS = ("https://creativecommons.org/licenses/by/4.0/", "https://opensource.org/license/mit")
+
+
+def _footer(page: Path) -> str:
+    """The theme's extra footer of a built page (sphinx-book-theme: ``<div class="extra_footer">``),
+    or "" when the page has none."""
+    found = re.search(r'<div class="extra_footer">(.*?)</div>', page.read_text(encoding="utf-8"),
+                      re.S)
+    return found.group(1) if found else ""
+
+
+def test_every_page_names_the_licences_in_its_footer(html_dir):
+    """Text and figures CC BY 4.0 (LICENSE-text), code MIT (LICENSE), fonts their own: the
+    footer of every page says so and links both licences."""
+    pages = [p for p in _pages(html_dir) if "zh" not in p.relative_to(html_dir).parts[:1]]
+    decks = [p for p in pages if p.relative_to(html_dir).parts[0] == "slides"]
+    assert pages and decks
+    counted = 0
+    for deck in decks:                      # scripts/slides.py: a standalone page per deck
+        text = deck.read_text(encoding="utf-8")
+        slides = len(re.findall(r'<section class="slide" data-kind="(?!index")', text))
+        assert text.count("· CC BY 4.0</span>") == slides, deck.name
+        counted += slides
+    assert counted
+    for page in pages:
+        if page in decks or 'http-equiv="Refresh"' in page.read_text(encoding="utf-8"):
+            continue                        # a deck, or the root's redirect
+        footer = _footer(page)
+        name = page.relative_to(html_dir)
+        assert "Text and figures" in footer and "CC BY 4.0" in footer, f"{name}: {footer!r}"
+        assert "MIT licence" in footer and "Open Font License" in footer, f"{name}: {footer!r}"
+        for url in LICENCE_LINKS:
+            assert f'href="{url}"' in footer, f"{name}: no link to {url}"
+
+
+def test_front_page_and_workshop_link_the_book_pdf(html_dir):
+    """`make pdf` (scripts/book_pdf.py) writes each edition's whole book next to its pages; the
+    front page and the workshop page link it (the Chinese edition: tests/test_i18n.py)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("book_pdf", ROOT / "scripts" / "book_pdf.py")
+    book_pdf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(book_pdf)
+    for name in ("book/intro", "book/workshop"):
+        page = html_dir / f"{name}.html"
+        hrefs = re.findall(r'<p class="tf-pdf"><a href="([^"]+)"', page.read_text(encoding="utf-8"))
+        assert len(hrefs) == 1, f"{name}: {hrefs}"
+        assert _resolve(page, hrefs[0]) == (html_dir / book_pdf.NAME).resolve(), hrefs[0]

@@ -296,9 +296,10 @@ def test_solutions_hidden_until_opened(tab, server):
             problems.append(f"{f}: {open_prose} solution dropdowns open on load")
         for summary in page.query_selector_all(".cell.tag_solution > details > summary"):
             summary.click()
-        try:     # (myst-nb fades the opened content in)
-            page.wait_for_function(f"() => ({SOLUTIONS_JS})().every(s => s.shown === 2 * s.outputs)",
-                                   timeout=5_000)
+        try:  # (myst-nb fades the opened content in)
+            page.wait_for_function(
+                f"() => ({SOLUTIONS_JS})().every(s => s.shown === 2 * s.outputs)", timeout=5_000
+            )
         except Exception:
             pass
         after = page.evaluate(SOLUTIONS_JS)
@@ -309,57 +310,57 @@ def test_solutions_hidden_until_opened(tab, server):
     assert sum(counts.values()) >= 30 and not problems, "\n".join(problems)
 
 
-# Printed on A4 with 10 mm side margins, the page is 190 mm = 718 CSS px wide. In print media
-# (_static/tokenflow.css @media print) nothing may stick out of that width or be cut by its box:
-# every element of the article except MathJax's inner parts and inline math, whose glyphs
-# overhang by a pixel or two (a display equation's <mjx-math> is checked). ``scope``: the part
-# of the page checked (tests/test_slides.py checks the handout with it).
-A4_WIDTH_PX = 718
-PRINT_JS = """(W, scope = '.bd-article') => {
-  const out = [];
-  for (const e of document.querySelectorAll(scope + ' *')) {
-    if ((e.closest('mjx-container') && !e.matches('mjx-container[display="true"] > mjx-math'))
-        || e.matches('span.math') || !e.checkVisibility()) continue;
-    const cs = getComputedStyle(e), r = e.getBoundingClientRect();
-    const cut = cs.display !== 'inline' && e.scrollWidth > e.clientWidth + 1
-                && cs.overflowX !== 'visible';
-    if (cut || r.right > W + 1)
-      out.push(`${e.tagName.toLowerCase()}.${String(e.className.baseVal ?? e.className)
-                 .slice(0, 30)}: ${cut ? 'cut' : 'sticks out'} (${Math.round(r.right)} px)`);
-  }
-  return {problems: out.slice(0, 10), count: out.length,
-          controls: [...document.querySelectorAll('.tf-controls')].filter(
-              c => c.checkVisibility()).length};
-}"""
+# The A4 print check (scripts/book_pdf.py, which `make pdf` runs): printed on A4 with 10 mm side
+# margins the page is 190 mm = 718 CSS px wide, and in print media nothing may stick out of that
+# width or be cut by its box. tests/test_slides.py checks the handout with the same PRINT_JS.
+def _book_pdf():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("book_pdf", ROOT / "scripts" / "book_pdf.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_pages_print_on_a4(browser, server):
+book_pdf = _book_pdf()
+A4_WIDTH_PX, PRINT_JS = book_pdf.A4_WIDTH_PX, book_pdf.PRINT_JS
+
+
+def pdf_report(path: Path) -> dict:
+    """What a printed book holds (pypdf): its pages, outline titles, text, and fonts with
+    whether each is embedded."""
+    from pypdf import PdfReader
+    reader = PdfReader(path)
+    fonts = {}
+    for pg in reader.pages:
+        for font in (pg.get("/Resources") or {}).get("/Font", {}).values():
+            font = font.get_object()
+            name = str(font.get("/BaseFont", font.get("/Name", "?")))
+            desc = font
+            if font.get("/Subtype") == "/Type0":
+                desc = font["/DescendantFonts"][0].get_object()
+            desc = (desc.get("/FontDescriptor") or {})
+            desc = desc.get_object() if hasattr(desc, "get_object") else desc
+            embedded = font.get("/Subtype") == "/Type3" or any(
+                k in desc for k in ("/FontFile", "/FontFile2", "/FontFile3"))
+            fonts[name] = fonts.get(name, True) and embedded
+    return {"pages": len(reader.pages), "outline": [o.title for o in reader.outline],
+            "text": "".join(pg.extract_text() or "" for pg in reader.pages), "fonts": fonts}
+
+
+def test_pages_print_on_a4(browser, book_html_dir):
     """Every page in print media at A4 width: nothing cut or sticking out (trace tables wrap
     their note column, code wraps, figures and explorers fit), no explorer control printed;
-    each page is printed to PDF (A4) in _build/print/ and its page count reported."""
-    import re
-    out_dir = ROOT / "_build" / "print"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ctx = browser.new_context(viewport={"width": A4_WIDTH_PX, "height": 1000})
-    page = ctx.new_page()
-    page.emulate_media(media="print")
-    problems, pages = [], {}
-    try:
-        for f in toc_pages():
-            page.goto(server + f + ".html", wait_until="load")
-            page.evaluate("() => document.fonts.ready.then(() => null)")
-            page.evaluate(
-                "() => (window.MathJax && MathJax.startup && MathJax.startup.promise) || null")
-            r = page.evaluate(PRINT_JS, A4_WIDTH_PX)
-            problems += [f"{f}: {p}" for p in r["problems"]]
-            if r["controls"]:
-                problems.append(f"{f}: {r['controls']} explorer controls printed")
-            pdf = page.pdf(format="A4", print_background=True,
-                           margin={"top": "12mm", "bottom": "12mm", "left": "10mm",
-                                   "right": "10mm"})
-            (out_dir / (f.replace("/", "__") + ".pdf")).write_bytes(pdf)
-            pages[f] = len(re.findall(rb"/Type\s*/Page[^s]", pdf))
-    finally:
-        ctx.close()
-    print("A4 pages:", pages, "total", sum(pages.values()))
-    assert all(n >= 1 for n in pages.values()) and not problems, "\n".join(problems)
+    the pages, printed to A4 in the order of _toc.yml, make one PDF, _build/print/tokenflow.pdf
+    (what `make pdf` writes): an outline entry per page, every font embedded, the running
+    example in its text."""
+    out = ROOT / "_build" / "print" / "tokenflow.pdf"
+    result = book_pdf.print_edition(browser, book_html_dir, out, toc_pages())
+    print("A4 pages:", result["pages"], "total", sum(result["pages"].values()))
+    assert not result["problems"], "\n".join(result["problems"])
+    assert list(result["pages"]) == toc_pages() and all(n >= 1 for n in result["pages"].values())
+    report = pdf_report(out)
+    assert report["pages"] == sum(result["pages"].values())
+    assert len(report["outline"]) == len(toc_pages())
+    assert report["fonts"] and all(report["fonts"].values()), report["fonts"]
+    for words in ("北京是中国的首", "Attention and the KV cache", "licensed under CC BY 4.0"):
+        assert words in " ".join(report["text"].split()), words

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from test_browser import (BOXES, CHECKS_JS, EXPLORE_JS, _explore_ok, serve, tab,  # noqa: F401
-                          toc_pages)
+from test_browser import (BOXES, CHECKS_JS, EXPLORE_JS, ROOT, _explore_ok, book_pdf,  # noqa: F401
+                          pdf_report, serve, tab, toc_pages)
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +54,19 @@ def test_every_chinese_page_in_chromium(tab, server, zh_html_dir):
     print(f"\nChinese edition: {counts}; search for 首都: {hits} pages")
     assert not problems, "\n".join(problems)
     assert hits >= 3
+
+
+def test_the_chinese_book_prints_on_a4_with_its_glyphs(browser, zh_html_dir):
+    """The Chinese edition printed whole, as `make pdf` does (scripts/book_pdf.py): every page
+    fits A4 and prints no explorer control; the PDF embeds every font it uses and its text is
+    the Chinese of the pages (drawn with the edition's web font: this machine may have no
+    Chinese font at all, and the web font covers every character, tests/test_i18n.py)."""
+    out = ROOT / "_build" / "print" / "tokenflow-zh.pdf"
+    result = book_pdf.print_edition(browser, zh_html_dir, out, toc_pages())
+    print("zh A4 pages:", result["pages"], "total", sum(result["pages"].values()))
+    assert not result["problems"], "\n".join(result["problems"])
+    report = pdf_report(out)
+    assert len(report["outline"]) == len(toc_pages())
+    assert report["fonts"] and all(report["fonts"].values()), report["fonts"]
+    for words in ("北京是中国的首", "词元", "注意力与 KV 缓存", "本书正文与插图"):
+        assert words in " ".join(report["text"].split()), words

@@ -35,7 +35,12 @@ def test_trace_table_has_one_row_per_event_with_its_shapes_and_bytes(traced):
     assert len(table.rows) == len(trace.events)
     for row, e in zip(table.rows, trace.events):
         shapes = [str(list(e.in_shape)), str(list(e.out_shape))]
-        assert row[1:6] == [e.action, e.where, *[x.replace(" ", "\u00a0") for x in shapes], e.nbytes]
+        assert row[1:6] == [
+            e.action,
+            e.where,
+            *[x.replace(" ", "\u00a0") for x in shapes],
+            e.nbytes,
+        ]
     lm = trace_table(trace, where=("LM head",), note=False)
     assert len(lm.rows) == 1 and len(lm.headers) == 6
     # [B, S, H] fp32 read by the LM head -> [B, S, V]
@@ -50,7 +55,12 @@ def test_trace_shapes_table_router_sees_b_times_s_tokens():
     route = [r for r in table.rows if r[1] == "route top-k"]
     K = min(cfg.num_experts_per_tok, E)
     assert route and route[0][4] == f"[{B * S},\u00a0{K}]"
-    assert {r[2] for r in table.rows} <= {"embedding", "layer 1 attention", "layer 1 MoE", "LM head"}
+    assert {r[2] for r in table.rows} <= {
+        "embedding",
+        "layer 1 attention",
+        "layer 1 MoE",
+        "LM head",
+    }
     assert table.rows[-1][4] == f"[{B},\u00a0{S},\u00a0{cfg.vocab_size}]"
 
 
@@ -85,7 +95,9 @@ def test_residual_stream_table_matches_the_tensors(traced):
 def test_kv_cache_static_shows_the_formula_for_each_setting():
     cfg = random_model().config
     ex = kv_cache_static(cfg, seq_len=(16, 128))
-    divisors = [d for d in range(1, cfg.num_attention_heads + 1) if cfg.num_attention_heads % d == 0]
+    divisors = [
+        d for d in range(1, cfg.num_attention_heads + 1) if cfg.num_attention_heads % d == 0
+    ]
     assert len(ex.fragments) == 2 * len(divisors)
     for j, n_kv in enumerate(divisors):
         per_token = 2 * cfg.num_hidden_layers * n_kv * cfg.head_dim * 2          # bf16, by hand

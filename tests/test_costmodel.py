@@ -88,7 +88,8 @@ def test_forward_bytes_of_moe_read_the_experts_the_tokens_touch():
     cfg = preset("tiny")
     per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
     moe_layers = sum(cfg.layer_is_moe(i) for i in range(cfg.num_hidden_layers))
-    kv = lambda n: 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * n
+    def kv(n):
+        return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * n
     # one token: exactly the active weights (K experts per MoE layer)
     one = active_param_count(cfg, include_embedding=False) + cfg.hidden_size + kv(1)
     assert forward_bytes(cfg, 1, 0, 1, 1) == pytest.approx(one)

@@ -6,8 +6,14 @@ import pytest
 import torch
 
 from tokenflow.analysis.costmodel import moe_a2a_bytes
-from tokenflow.parallel.expert_parallel import (EPResult, demo_moe, expert_owner, run_expert_parallel,
-                                       simulate_routing, traffic_matrix)
+from tokenflow.parallel.expert_parallel import (
+    EPResult,
+    demo_moe,
+    expert_owner,
+    run_expert_parallel,
+    simulate_routing,
+    traffic_matrix,
+)
 from tokenflow.model.moe import moe_inputs
 
 ATOL, RTOL = 1e-5, 1e-4          # float32, same weights; only the matmul batch sizes differ

@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _build_fonts():
-    spec = importlib.util.spec_from_file_location("build_fonts", ROOT / "scripts" / "build_fonts.py")
+    spec = importlib.util.spec_from_file_location(
+        "build_fonts", ROOT / "scripts" / "build_fonts.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules["build_fonts"] = module
     spec.loader.exec_module(module)
@@ -63,7 +65,9 @@ def test_the_figure_font_covers_every_character_the_figures_can_draw():
         assert all(ord(c) in cmap for c in "→×≈αβ…·—"), "arrows, maths, Greek, punctuation"
         cmap = {**cmap, **TTFont(str(fonts.font_path(weight, fallback=True)))["cmap"].getBestCmap()}
         missing = sorted(c for c in wanted if ord(c) not in cmap)
-        assert not missing, f"{weight}: no glyph for {''.join(missing)!r}: rerun scripts/build_fonts.py"
+        assert not missing, (
+            f"{weight}: no glyph for {''.join(missing)!r}: rerun scripts/build_fonts.py"
+        )
 
 
 def test_the_web_font_covers_the_chinese_edition():
@@ -113,10 +117,12 @@ def test_book_figures_open_only_the_bundled_font(book_fonts, monkeypatch):
     if mathtext is not None and hasattr(mathtext, "get_font"):
         monkeypatch.setattr(mathtext, "get_font", recording_get_font)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")              # "Glyph ... missing from font(s)" fails
-        figs = [hidden_state_heatmap(torch.randn(3, 8), ["北京", "中国", "首"], title="北京 hidden"),
-                topk_bar(["åĲ", "ĠĦ", "\ufffd"], [1.0, 2.0, 3.0]),   # byte-level pieces: fallback
-                topk_bar(["都", "府", "<eos>", " capital"], [9.0, 3.75, 3.63, 3.39])]
+        warnings.simplefilter("error")  # "Glyph ... missing from font(s)" fails
+        figs = [
+            hidden_state_heatmap(torch.randn(3, 8), ["北京", "中国", "首"], title="北京 hidden"),
+            topk_bar(["åĲ", "ĠĦ", "\ufffd"], [1.0, 2.0, 3.0]),  # byte-level pieces: fallback
+            topk_bar(["都", "府", "<eos>", " capital"], [9.0, 3.75, 3.63, 3.39]),
+        ]
         fig, ax = plt.subplots()
         ax.set_title(r"$\alpha_t = \sum_j w_j$ 首都")
         ax.text(0.5, 0.5, "首 → 都 (bold)", fontweight="bold")

@@ -1,5 +1,5 @@
-"""Packed projection weights (tokenflow.model.fused, issue F11): one copy of every weight, the packed
-products equal the separate ones, and replaced or updated weights always reach the packed
+"""Packed projection weights (tokenflow.model.fused, issue F11): one copy of every weight, the
+packed products equal the separate ones, and replaced or updated weights always reach the packed
 path."""
 import pytest
 import torch

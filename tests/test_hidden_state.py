@@ -245,7 +245,12 @@ def test_tensor_table_rounds_and_labels():
     assert lines[3].split() == ["北京", "0.1235", "0.0000", "..."]          # no "-0.0000"
     assert lines[4].split() == ["b", "1.5000", "-1.2346", "..."]
     assert "<td style=\"text-align:right\">-1.2346</td>" in table._repr_html_()
-    assert str(tensor_table(t, ["a", "b"], decimals=1)).splitlines()[2].split() == ["a", "0.1", "0.0", "2.0"]
+    assert str(tensor_table(t, ["a", "b"], decimals=1)).splitlines()[2].split() == [
+        "a",
+        "0.1",
+        "0.0",
+        "2.0",
+    ]
     with pytest.raises(ValueError, match="row_labels"):
         tensor_table(t, ["a"])
     with pytest.raises(ValueError, match="t must be a 2-D"):

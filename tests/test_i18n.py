@@ -177,19 +177,40 @@ def test_update_marks_the_change_fuzzy_and_it_still_fails(changed_book, capsys):
     i18n.update(root)
     with (root / "locale" / "zh_CN" / "LC_MESSAGES" / "book" / "preface.po").open("rb") as f:
         entries = [m for m in read_po(f) if m.id and new in " ".join(m.id.split())]
-    assert len(entries) == 1 and entries[0].fuzzy, "sphinx-intl should carry the old translation as fuzzy"
+    assert len(entries) == 1 and entries[0].fuzzy, (
+        "sphinx-intl should carry the old translation as fuzzy"
+    )
     assert entries[0].string.startswith("【译】")
     capsys.readouterr()
     assert i18n.check(root, "1") == 1
-    assert any(line.strip().startswith("book/preface: fuzzy") for line in capsys.readouterr().out.splitlines())
+    assert any(
+        line.strip().startswith("book/preface: fuzzy")
+        for line in capsys.readouterr().out.splitlines()
+    )
 
 
 def test_markup_problems_flags_a_dropped_role_link_or_code():
     msgid = "See {term}`KV cache` in [the glossary](glossary.md) and `Trace()`."
-    assert i18n.markup_problems(msgid, "见 {term}`KV 缓存 <KV cache>`、[术语表](glossary.md) 与 `Trace()`。") == []
-    assert any("roles" in p for p in i18n.markup_problems(msgid, "见 KV 缓存、[术语表](glossary.md) 与 `Trace()`。"))
-    assert any("link" in p for p in i18n.markup_problems(msgid, "见 {term}`KV cache`、术语表与 `Trace()`。"))
-    assert any("code" in p for p in i18n.markup_problems(msgid, "见 {term}`KV cache`、[术语表](glossary.md) 与 Trace()。"))
+    assert (
+        i18n.markup_problems(
+            msgid, "见 {term}`KV 缓存 <KV cache>`、[术语表](glossary.md) 与 `Trace()`。"
+        )
+        == []
+    )
+    assert any(
+        "roles" in p
+        for p in i18n.markup_problems(msgid, "见 KV 缓存、[术语表](glossary.md) 与 `Trace()`。")
+    )
+    assert any(
+        "link" in p
+        for p in i18n.markup_problems(msgid, "见 {term}`KV cache`、术语表与 `Trace()`。")
+    )
+    assert any(
+        "code" in p
+        for p in i18n.markup_problems(
+            msgid, "见 {term}`KV cache`、[术语表](glossary.md) 与 Trace()。"
+        )
+    )
     assert any("numbered" in p for p in i18n.markup_problems("1. token id", "1. 词元 id"))
     assert i18n.markup_problems("1. token id", "1\\. 词元 id") == []
 
@@ -200,7 +221,10 @@ def test_real_catalogs_keep_their_markup():
         with po.open("rb") as f:
             for m in read_po(f):
                 if m.id and m.string and not m.fuzzy:
-                    bad += [f"{po.relative_to(PO_DIR)}: {p}: {m.id[:60]!r}" for p in i18n.markup_problems(m.id, m.string)]
+                    bad += [
+                        f"{po.relative_to(PO_DIR)}: {p}: {m.id[:60]!r}"
+                        for p in i18n.markup_problems(m.id, m.string)
+                    ]
     assert not bad, "\n".join(bad)
 
 
@@ -231,7 +255,9 @@ def _toc_pages() -> list[str]:
 
 
 def _editions() -> dict:
-    return yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["sphinx"]["config"]["tokenflow_editions"]
+    return yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["sphinx"]["config"][
+        "tokenflow_editions"
+    ]
 
 
 def test_every_zh_page_switches_to_the_same_english_page(zh_html):
@@ -239,13 +265,47 @@ def test_every_zh_page_switches_to_the_same_english_page(zh_html):
     for page in _toc_pages():
         text = (zh_html / f"{page}.html").read_text(encoding="utf-8")
         assert '<html lang="zh-CN"' in text, page
-        assert f"<title>" in text and zh["html_title"] in text, f"{page}: no Chinese html_title"
+        assert "<title>" in text and zh["html_title"] in text, f"{page}: no Chinese html_title"
         assert f'placeholder="{zh["search_bar_text"]}"' in text, f"{page}: search placeholder"
         links = re.findall(r'<a href="([^"]+)" hreflang="en"[^>]*tokenflow-language-switch', text)
         assert links, f"{page}: no language switch"
         target = (zh_html / page).parent / links[0]
         # zh/ sits under the English site root: the link must land on <root>/<page>.html
         assert target.resolve() == (zh_html.parent / f"{page}.html").resolve(), (page, links[0])
+
+
+def test_zh_edition_takes_its_footer_from_the_editions_config():
+    """The licence footer is an edition config value (tokenflow_editions), not a message."""
+    class Config:
+        language = "zh_CN"
+        tokenflow_editions = _editions()
+        html_title = "tokenflow"
+        html_theme_options = {"extra_footer": "<p>Text and figures</p>"}
+        templates_path: list = []
+
+    config = Config()
+    ext._apply_edition_config(None, config)
+    assert config.html_theme_options["extra_footer"] == _editions()["zh_CN"]["extra_footer"]
+    assert "CC BY 4.0" in config.html_theme_options["extra_footer"]
+
+
+def test_every_zh_page_names_the_licences_in_its_footer(zh_html):
+    zh_footer = _editions()["zh_CN"]["extra_footer"]
+    for page in _toc_pages():
+        text = (zh_html / f"{page}.html").read_text(encoding="utf-8")
+        footer = re.search(r'<div class="extra_footer">(.*?)</div>', text, re.S)
+        assert footer, f"{page}: no licence footer"
+        assert zh_footer in footer.group(1) and "Text and figures" not in footer.group(1), page
+
+
+def test_zh_front_page_and_workshop_link_the_zh_book_pdf(zh_html):
+    """scripts/book_pdf.py writes the Chinese book to zh/tokenflow.pdf: the same relative link
+    as the English pages reaches it."""
+    for name in ("book/intro", "book/workshop"):
+        page = zh_html / f"{name}.html"
+        hrefs = re.findall(r'<p class="tf-pdf"><a href="([^"]+)"', page.read_text(encoding="utf-8"))
+        assert len(hrefs) == 1, f"{name}: {hrefs}"
+        assert (page.parent / hrefs[0]).resolve() == (zh_html / "tokenflow.pdf").resolve()
 
 
 def test_zh_search_index_finds_shoudu(zh_html):
@@ -267,8 +327,14 @@ def test_zh_toc_captions_follow_the_catalog(zh_html):
     for caption in captions:
         part = {"caption": caption}
         entry = catalog.get(part["caption"])
-        want = entry.string if entry is not None and entry.string and not entry.fuzzy else part["caption"]
-        assert re.search(rf'class="caption-text">{re.escape(want)}<', text), f"caption {part['caption']!r} -> {want!r}"
+        want = (
+            entry.string
+            if entry is not None and entry.string and not entry.fuzzy
+            else part["caption"]
+        )
+        assert re.search(rf'class="caption-text">{re.escape(want)}<', text), (
+            f"caption {part['caption']!r} -> {want!r}"
+        )
 
 
 def test_zh_pages_ship_their_web_font(zh_html):
@@ -324,17 +390,37 @@ def test_compare_reports_an_obsolete_entry_as_orphaned(tmp_path):
 def test_term_problems_refuse_each_forbidden_variant():
     """Issue 26 item 20: each word choice the Chinese edition refuses is flagged, naming what to
     write instead; the preferred forms pass."""
-    bad = {"**蓝色**是隐藏状态主流": "主数据流", "我们加载共享模型": "全书共用的小模型",
-           "比 H100 能做到的少约三百倍": "fraction", "慢 3.2 倍": "fraction",
-           "把整条流水线跑一遍": "整条路径", "一次前向计算": "前向传播", "**执行器**（runner）": "运行器",
-           "确定性设置（单线程）": "可复现", "每步的提示词元": "提示词词元",
-           "这就是**解码**：注意力": "解码阶段", "（`decode` 不会打印它）": "分词器的"}
+    bad = {
+        "**蓝色**是隐藏状态主流": "主数据流",
+        "我们加载共享模型": "全书共用的小模型",
+        "比 H100 能做到的少约三百倍": "fraction",
+        "慢 3.2 倍": "fraction",
+        "把整条流水线跑一遍": "整条路径",
+        "一次前向计算": "前向传播",
+        "**执行器**（runner）": "运行器",
+        "确定性设置（单线程）": "可复现",
+        "每步的提示词元": "提示词词元",
+        "这就是**解码**：注意力": "解码阶段",
+        "（`decode` 不会打印它）": "分词器的",
+    }
     for zh, hint in bad.items():
         problems = i18n.term_problems("any", zh)
         assert problems and hint in problems[0], (zh, problems)
-    good = ["**蓝色**是隐藏状态主数据流", "全书共用的小模型", "约为 H100 能力的三百分之一", "约 1/3.2",
-            "把整条路径跑一遍", "一次前向传播", "**运行器**（runner）", "可复现的设置", "提示词词元",
-            "这就是**解码阶段**：", "（分词器的 `decode` 不会打印它）", "服务流水线", "快好几倍"]
+    good = [
+        "**蓝色**是隐藏状态主数据流",
+        "全书共用的小模型",
+        "约为 H100 能力的三百分之一",
+        "约 1/3.2",
+        "把整条路径跑一遍",
+        "一次前向传播",
+        "**运行器**（runner）",
+        "可复现的设置",
+        "提示词词元",
+        "这就是**解码阶段**：",
+        "（分词器的 `decode` 不会打印它）",
+        "服务流水线",
+        "快好几倍",
+    ]
     for zh in good:
         assert i18n.term_problems("any", zh) == [], zh
     assert i18n.term_problems("Solution", "答案") and not i18n.term_problems("Solution", "解答")

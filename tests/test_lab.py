@@ -85,7 +85,9 @@ def lab(tmp_path_factory):
                 socket.create_connection(("127.0.0.1", port), 0.2).close()
                 break
             except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "JupyterLab did not start"
+                assert time.monotonic() < deadline and proc.poll() is None, (
+                    "JupyterLab did not start"
+                )
                 time.sleep(0.3)
         yield f"http://127.0.0.1:{port}/"
     finally:
@@ -114,7 +116,9 @@ def _solution_texts(nb: dict) -> list[str]:
     for c in nb["cells"]:
         if c["cell_type"] == "code" and "solution" in c["metadata"].get("tags", []):
             for o in c.get("outputs", []):
-                text = "".join(o.get("text", "")) or "".join(o.get("data", {}).get("text/plain", ""))
+                text = "".join(o.get("text", "")) or "".join(
+                    o.get("data", {}).get("text/plain", "")
+                )
                 line = next((l.strip() for l in text.splitlines() if len(l.strip()) > 12), None)
                 if line:
                     found.append(line)

@@ -45,9 +45,13 @@ def _resolve(mod: str, is_pkg: bool, node: ast.ImportFrom) -> list[str]:
         pkg = pkg[:len(pkg) - (node.level - 1)]
         base = ".".join(pkg + ([node.module] if node.module else []))
     # `from pkg import submodule` names the submodule itself
-    return [f"{base}.{a.name}" if (SRC.parent / Path(*f"{base}.{a.name}".split("."))).with_suffix(".py").exists()
-            or (SRC.parent / Path(*f"{base}.{a.name}".split("."))).is_dir() else base
-            for a in node.names]
+    return [
+        f"{base}.{a.name}"
+        if (SRC.parent / Path(*f"{base}.{a.name}".split("."))).with_suffix(".py").exists()
+        or (SRC.parent / Path(*f"{base}.{a.name}".split("."))).is_dir()
+        else base
+        for a in node.names
+    ]
 
 
 def import_graph() -> dict[str, set[str]]:

@@ -22,7 +22,9 @@ def _random_model(seed: int = 0, **overrides) -> TokenFlowModel:
 @pytest.mark.parametrize("B,S", [(1, 1), (2, 7), (3, 4)])
 def test_last_layer_lens_is_the_models_own_logits(B, S):
     model = _random_model(seed=B * 10 + S)
-    ids = torch.randint(0, model.config.vocab_size, (B, S), generator=torch.Generator().manual_seed(S))
+    ids = torch.randint(
+        0, model.config.vocab_size, (B, S), generator=torch.Generator().manual_seed(S)
+    )
     lens = logit_lens(model, ids)
     L = model.config.num_hidden_layers
     assert lens.shape == (L + 1, B, S, model.config.vocab_size)
@@ -33,7 +35,9 @@ def test_last_layer_lens_is_the_models_own_logits(B, S):
 
 def test_last_layer_lens_with_left_padding():
     model = _random_model(seed=3)
-    ids = torch.randint(0, model.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(1)
+    )
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
     with torch.inference_mode():
         want = model(ids, attention_mask=mask)
@@ -45,7 +49,9 @@ def test_every_depth_matches_hugging_face_hidden_states():
     the final *normed* state. Read each with HF's own norm and head."""
     model = _random_model(seed=7)
     hf = interop.to_hf_model(model).eval()
-    ids = torch.randint(0, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0)
+    )
     lens = logit_lens(model, ids)
     L = model.config.num_hidden_layers
     with torch.no_grad():

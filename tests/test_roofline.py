@@ -7,8 +7,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tokenflow import KVCache, TokenFlowModel, preset
 from tokenflow.analysis.costmodel import param_breakdown, reference_config
-from tokenflow.analysis.roofline import (HARDWARE, flops_per_token, forward_flops, hardware, probe_cpu,
-                                roofline)
+from tokenflow.analysis.roofline import (
+    HARDWARE,
+    flops_per_token,
+    forward_flops,
+    hardware,
+    probe_cpu,
+    roofline,
+)
 
 
 def _counted(model, ids, cache=None) -> int:

@@ -433,6 +433,8 @@ def test_sampling_panel_always_draws_the_sampled_token_in_green():
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert len(labels) == 12 and labels[-1] == f"t{chosen}"
     filled = [p for p in ax.patches if p.get_fill()][:12]
-    greens = [i for i, p in enumerate(filled) if to_hex(p.get_facecolor()) == to_hex(COLORS["token"])]
+    greens = [
+        i for i, p in enumerate(filled) if to_hex(p.get_facecolor()) == to_hex(COLORS["token"])
+    ]
     assert greens == [11]
     plt.close(fig)

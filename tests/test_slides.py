@@ -49,12 +49,16 @@ def notebook_numbers(chapter: str) -> list[str]:
     """The numbers the notebook prints in its "What you can now say with numbers" (or "In a
     few sentences") section, in order: the stdout of its code cells, except those nbval does
     not compare (timings of this machine)."""
-    cells = json.loads((ROOT / "notebooks" / f"{chapter}.ipynb").read_text(encoding="utf-8"))["cells"]
+    cells = json.loads((ROOT / "notebooks" / f"{chapter}.ipynb").read_text(encoding="utf-8"))[
+        "cells"
+    ]
     inside, text = False, ""
     for cell in cells:
         src = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
-            heads = [line.lstrip("#").strip() for line in src.splitlines() if line.startswith("## ")]
+            heads = [
+                line.lstrip("#").strip() for line in src.splitlines() if line.startswith("## ")
+            ]
             inside = heads[-1] in NUMBERS_HEADINGS if heads else inside
         elif inside and "nbval-ignore-output" not in cell["metadata"].get("tags", []):
             text += "".join("".join(o["text"]) for o in cell.get("outputs", [])
@@ -82,7 +86,8 @@ SLIDES_JS = """() => [...document.querySelectorAll('.slide')].map((s, k) => {
   const r = s.getBoundingClientRect();
   const out = [...s.querySelectorAll('*')].filter(e => {
     const q = e.getBoundingClientRect();
-    return q.left < r.left - 1 || q.right > r.right + 1 || q.top < r.top - 1 || q.bottom > r.bottom + 1;
+    return q.left < r.left - 1 || q.right > r.right + 1 || q.top < r.top - 1
+      || q.bottom > r.bottom + 1;
   }).map(e => `${e.tagName.toLowerCase()}.${e.className}: ${(e.innerText || '').slice(0, 40)}`);
   return {shown: s.checkVisibility(), kind: s.dataset.kind, out: out.slice(0, 5),
           k: parseFloat(s.style.getPropertyValue('--k') || '1'),
@@ -172,7 +177,8 @@ def test_deck_keys_and_hash(page, book_html_dir):
     path = book_html_dir / "slides" / "01.html"
     page.goto(path.as_uri() + "#3", wait_until="load")
     page.wait_for_function("() => window.tokenflowDeck !== undefined")
-    now = lambda: page.evaluate("() => window.tokenflowDeck.current()")
+    def now():
+        return page.evaluate("() => window.tokenflowDeck.current()")
     seen = [now()]
     for key in ("ArrowRight", "End", "ArrowRight", "ArrowLeft", "Home", "ArrowLeft"):
         page.keyboard.press(key)
@@ -209,13 +215,16 @@ def test_handout_prints_on_a4(page, book_html_dir, zh_html_dir):
                      for c, n in r["sheets"].items() if not lo <= n <= hi]
         printed = page.evaluate(f"(W) => ({PRINT_JS})(W, '.handout')", A4_WIDTH_PX)
         problems += [f"{edition}: {p}" for p in printed["problems"]]
-        fit = page.evaluate("""(H) => [...document.querySelectorAll('.slide')].filter(s => {
+        fit = page.evaluate(
+            """(H) => [...document.querySelectorAll('.slide')].filter(s => {
             const r = s.getBoundingClientRect();
             return [...s.querySelectorAll('*')].some(e => { const q = e.getBoundingClientRect();
               return q.right > r.right + 1 || q.bottom > r.bottom + 1; }); }).map(s => s.id).concat(
-            [...document.querySelectorAll('.sheet')].filter(s => s.getBoundingClientRect().height > H)
+            [...document.querySelectorAll('.sheet')]
+              .filter(s => s.getBoundingClientRect().height > H)
               .map(s => 'sheet of chapter ' + s.dataset.chapter + ' taller than the page'))""",
-                            slides.A4_PRINT_HEIGHT)
+            slides.A4_PRINT_HEIGHT,
+        )
         problems += [f"{edition}: does not fit: {i}" for i in fit]
     page.emulate_media(media="screen")
     page.set_viewport_size({"width": slides.WIDTH, "height": slides.HEIGHT})
@@ -229,23 +238,47 @@ def test_deck_content_comes_from_the_notebook(tmp_path):
     order, the Chinese edition takes its prose from the catalog, and a tagged cell without
     outputs is refused."""
     png = base64.b64encode(b"\x89PNG fake").decode()
-    nb = {"cells": [
-        {"cell_type": "markdown", "metadata": {}, "source": "# Chapter 9: x\n\n**The question.** Why?"},
-        {"cell_type": "markdown", "metadata": {}, "source": "## A heading"},
-        {"cell_type": "code", "metadata": {"tags": ["slide"]}, "source": "",
-         "outputs": [{"output_type": "display_data", "data": {"image/png": png}}]},
-        {"cell_type": "markdown", "metadata": {}, "source": "*The caption.*\n\nMore prose."},
-        {"cell_type": "code", "metadata": {"tags": ["slide"]}, "source": "",
-         "outputs": [{"output_type": "stream", "name": "stdout",
-                      "text": "".join(f"{i}. item {i} " + "word " * 60 + "\n" for i in range(1, 5))}]},
-    ]}
+    nb = {
+        "cells": [
+            {
+                "cell_type": "markdown",
+                "metadata": {},
+                "source": "# Chapter 9: x\n\n**The question.** Why?",
+            },
+            {"cell_type": "markdown", "metadata": {}, "source": "## A heading"},
+            {
+                "cell_type": "code",
+                "metadata": {"tags": ["slide"]},
+                "source": "",
+                "outputs": [{"output_type": "display_data", "data": {"image/png": png}}],
+            },
+            {"cell_type": "markdown", "metadata": {}, "source": "*The caption.*\n\nMore prose."},
+            {
+                "cell_type": "code",
+                "metadata": {"tags": ["slide"]},
+                "source": "",
+                "outputs": [
+                    {
+                        "output_type": "stream",
+                        "name": "stdout",
+                        "text": "".join(
+                            f"{i}. item {i} " + "word " * 60 + "\n" for i in range(1, 5)
+                        ),
+                    }
+                ],
+            },
+        ]
+    }
     path = tmp_path / "notebooks" / "99_x.ipynb"
     path.parent.mkdir()
     path.write_text(json.dumps(nb), encoding="utf-8")
     po = tmp_path / "locale" / "zh_CN" / "LC_MESSAGES" / "notebooks"
     po.mkdir(parents=True)
-    (po / "99_x.po").write_text('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=utf-8\\n"\n\n'
-                                'msgid "A heading"\nmsgstr "一个标题"\n', encoding="utf-8")
+    (po / "99_x.po").write_text(
+        'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=utf-8\\n"\n\n'
+        'msgid "A heading"\nmsgstr "一个标题"\n',
+        encoding="utf-8",
+    )
     deck = slides.chapter_deck(path, tmp_path)
     kinds = [s.kind for s in deck.slides]
     assert kinds[:2] == ["title", "figure"] and len(kinds) >= 4, kinds

@@ -59,7 +59,9 @@ def test_logit_lens_static_stores_the_live_text_for_every_depth_and_position(tin
         for s in range(3):
             assert logit_lens_topk(lens, Names(), d, s, [5]) in outs[f"{d}-{s}"]
     # the one shown first is the last depth at the last position
-    assert re.search(rf'data-key="{lens.shape[0] - 1}-2"(?! style="display:none")', ex._repr_html_())
+    assert re.search(
+        rf'data-key="{lens.shape[0] - 1}-2"(?! style="display:none")', ex._repr_html_()
+    )
 
 
 def test_decode_trace_static_matches_the_summary(tiny):

@@ -39,6 +39,6 @@ else:
         ) from _TORCH_PROBLEM
 
 __all__ = ["ModelConfig", "PRESETS", "preset", "KVCache", "PagedKVCache", "Trace", "TraceEvent",
-           "COLORS", "TokenFlowModel", "filter_logits", "sample", "prefill", "decode_step", "generate",
-           "Tokenizer", "load_pretrained", "load_model", "save_model"]
+           "COLORS", "TokenFlowModel", "filter_logits", "sample", "prefill", "decode_step",
+           "generate", "Tokenizer", "load_pretrained", "load_model", "save_model"]
 __version__ = "0.1.0"

@@ -115,11 +115,13 @@ MESSAGES = {
         "font.noglyph": "字体 {family}（{file}）中没有“" + EXPECTED + "”字",
         "font.noglyph.fix": "随书字体已损坏：git checkout -- src/tokenflow/data/fonts",
         "font.damaged": "随书字体文件缺失或已损坏：{error}",
-        "font.damaged.fix": "恢复它：git checkout -- src/tokenflow/data/fonts，再运行 pip install -e .",
+        "font.damaged.fix": "恢复它：git checkout -- src/tokenflow/data/fonts，"
+                            "再运行 pip install -e .",
         "lab": "JupyterLab {lab}，ipywidgets {ipw}，控件扩展 {ext}",
         "lab.missing": "没有安装 {what}",
         "lab.missing.fix": "pip install -r requirements.txt",
-        "lab.noext": "ipywidgets 扩展已安装（{ext}），但 JupyterLab 看不到它（{paths} 下没有 {rel}）",
+        "lab.noext": "ipywidgets 扩展已安装（{ext}），"
+                     "但 JupyterLab 看不到它（{paths} 下没有 {rel}）",
         "lab.noext.fix": "把 jupyterlab 和 jupyterlab_widgets 装进同一个环境，"
                          "并从该环境启动：python -m jupyter lab",
         "example": "贯穿全书的例子：" + PROMPT + " 之后模型预测“{token}”（{seconds:.1f} 秒）",

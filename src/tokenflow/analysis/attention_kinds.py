@@ -30,8 +30,8 @@ from . import costmodel
 from .costmodel import kv_cache_bytes_per_token
 
 __all__ = ["with_kv_heads", "gated_deltanet_state_elements", "CacheLayout", "hybrid_layout",
-           "example_layouts", "kv_per_token_rows", "kv_per_token_table", "gated_delta_rule", "sparse_decode_reads",
-           "kv_cache_size"]
+           "example_layouts", "kv_per_token_rows", "kv_per_token_table", "gated_delta_rule",
+           "sparse_decode_reads", "kv_cache_size"]
 
 
 def _check_int(name: str, v, lo: int) -> None:
@@ -275,10 +275,11 @@ def kv_cache_size(config: ModelConfig, batch_size: int, seq_len: int,
 
     Returns:
         dict with ``shape`` (per layer, of K and of V: ``[B, n_kv, S, D]``; MLA: of the
-        latent, ``[B, 1, S, kv_lora_rank]``), ``num_tensors`` (``2 * layers``), ``num_key_value_heads``, ``bytes_per_element``, ``nbytes`` (sum of the
-        tensors' ``nbytes``, bytes), ``bytes_per_token`` (``KVCache.bytes_per_token()``),
-        ``formula_bytes_per_token`` (:func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token`) and
-        ``formula_nbytes`` (``formula_bytes_per_token * B * S``).
+        latent, ``[B, 1, S, kv_lora_rank]``), ``num_tensors`` (``2 * layers``),
+        ``num_key_value_heads``, ``bytes_per_element``, ``nbytes`` (sum of the tensors' ``nbytes``,
+        bytes), ``bytes_per_token`` (``KVCache.bytes_per_token()``), ``formula_bytes_per_token``
+        (:func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token`) and ``formula_nbytes``
+        (``formula_bytes_per_token * B * S``).
 
     Raises:
         ValueError: on ``batch_size < 1``, ``seq_len`` out of range, or a

@@ -651,7 +651,8 @@ def num_moe_layers(config: ModelConfig) -> int:
 # ---- Prefill vs decode (F5)
 # What one forward pass computes and what it must read: enough to place prefill and decode on
 # the roofline (Williams, Waterman and Patterson 2009: attainable FLOP/s = min(peak FLOP/s,
-# arithmetic intensity x memory bandwidth)). The FLOPs are :func:`tokenflow.analysis.roofline.forward_flops`.
+# arithmetic intensity x memory bandwidth)). The FLOPs are
+# :func:`tokenflow.analysis.roofline.forward_flops`.
 
 __all__ += ["forward_bytes", "forward_weight_bytes", "expected_experts_touched"]
 

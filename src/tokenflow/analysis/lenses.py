@@ -223,7 +223,8 @@ class _Recorder:
 
     def _on_execute(self, t0, t1, result):
         s, (f0, f1) = self.current, self._fwd
-        s.stages["KV cache"] += (f0 - t0) + self._kv       # storage allocate/free, packed_step, writes
+        # storage allocate/free, packed_step, writes
+        s.stages["KV cache"] += (f0 - t0) + self._kv
         s.stages["prefill" if s.phase == "prefill" else "decode loop"] += (f1 - f0) - self._kv
         s.stages["sampling"] += t1 - f1
         s.modules["sampling"] += t1 - f1

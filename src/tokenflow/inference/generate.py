@@ -92,8 +92,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
         model: a :class:`~tokenflow.model.transformer.TokenFlowModel`.
         input_ids: ``[B,S]`` prompt ids (left-pad unequal prompts and pass ``attention_mask``).
         max_new_tokens: number of tokens to add (>= 0).
-        temperature, top_k, top_p, min_p: sampling settings (see :mod:`tokenflow.inference.sampling`);
-            ``temperature=0`` is greedy.
+        temperature, top_k, top_p, min_p: sampling settings (see
+            :mod:`tokenflow.inference.sampling`); ``temperature=0`` is greedy.
         generator: ``torch.Generator`` for reproducible sampling.
         attention_mask: ``[B,S]`` 1 = real token, 0 = left padding.
         eos_token_id: end-of-sequence id, or a list of them (stop at any); default

@@ -2,27 +2,28 @@
 
 Which HF class matches which :class:`~tokenflow.model.config.ModelConfig` (:func:`hf_architecture`):
 
-=====================  ======================================================  =====================
-architecture           our config                                              HF class
-=====================  ======================================================  =====================
-``llama``              dense (``num_experts == 0``)                            ``LlamaForCausalLM``
-``mixtral``            softmax MoE, renormalised top-k, no shared experts,     ``MixtralForCausalLM``
-                       no dense first layers
-``qwen2_moe``          softmax MoE with shared experts (optionally dense       ``Qwen2MoeForCausalLM``
-                       first layers, optionally without renormalisation)
-``deepseek_v3``        MLA attention (``kv_lora_rank`` set), dense or with      ``DeepseekV3ForCausalLM``
-                       DeepSeek-V3 MoE (sigmoid routing, groups, shared
-                       experts, dense first layers)
-(none)                 sigmoid (DeepSeek-V3) routing, ``n_group > 1``,          ``ValueError``; compare
-                       ``routed_scaling_factor != 1`` with GQA attention        the MoE block with
-                                                                                ``DeepseekV3MoE``
-=====================  ======================================================  =====================
+=================  ======================================================  =========================
+architecture       our config                                              HF class
+=================  ======================================================  =========================
+``llama``          dense (``num_experts == 0``)                            ``LlamaForCausalLM``
+``mixtral``        softmax MoE, renormalised top-k, no shared experts,     ``MixtralForCausalLM``
+                   no dense first layers
+``qwen2_moe``      softmax MoE with shared experts (optionally dense       ``Qwen2MoeForCausalLM``
+                   first layers, optionally without renormalisation)
+``deepseek_v3``    MLA attention (``kv_lora_rank`` set), dense or with     ``DeepseekV3ForCausalLM``
+                   DeepSeek-V3 MoE (sigmoid routing, groups, shared
+                   experts, dense first layers)
+(none)             sigmoid (DeepSeek-V3) routing, ``n_group > 1``,         ``ValueError``; compare
+                   ``routed_scaling_factor != 1`` with GQA attention       the MoE block with
+                                                                           ``DeepseekV3MoE``
+=================  ======================================================  =========================
 
 Weight layout differences handled here (everything else is a rename ``x`` -> ``model.x``):
 
 * HF stores the routed experts of one layer as two 3-D tensors: ``experts.gate_up_proj
   [E, 2I, H]`` (gate rows first, then up rows: ``chunk(2)`` in ``MixtralExperts.forward``) and
-  ``experts.down_proj [E, H, I]``; ours are ``E`` separate :class:`~tokenflow.model.ffn.FFN` modules.
+  ``experts.down_proj [E, H, I]``; ours are ``E`` separate :class:`~tokenflow.model.ffn.FFN`
+  modules.
 * ``Qwen2MoeSparseMoeBlock`` multiplies its shared expert by ``sigmoid(shared_expert_gate(x))``;
   ours adds the shared experts unweighted (DeepSeekMoE). The mapping sets
   ``shared_expert_gate.weight = 0`` (so the gate is exactly ``sigmoid(0) = 0.5``) and stores
@@ -630,7 +631,8 @@ def moe_from_hf(hf_block, moe) -> None:
                               moe.shared_experts is not None)
     for k, v in sd.items():
         if k not in own or own[k].shape != v.shape:
-            raise ValueError(f"MoE tensor {k}: expected {list(own[k].shape) if k in own else 'none'}"
+            raise ValueError(f"MoE tensor {k}: expected "
+                             f"{list(own[k].shape) if k in own else 'none'}"
                              f", got {list(v.shape)}")
     with torch.no_grad():
         moe.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=True)

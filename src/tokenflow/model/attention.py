@@ -7,8 +7,8 @@ arXiv:2305.13245), scaled dot-product attention with a causal mask, and an outpu
 projection. Shapes: ``x [B,S,H] -> [B,S,H]``; q ``[B,n_heads,S,D]``; K/V cache
 ``[B,n_kv,L,D]`` where ``L`` is the number of filled cache slots after this step. The cache is
 reached through its interface (:mod:`tokenflow.model.kv_cache`): one ``update`` call per layer.
-RoPE lives in :mod:`tokenflow.model.rope` and the mask in :func:`~tokenflow.model.kv_cache.attention_mask_for`
-(both re-exported here).
+RoPE lives in :mod:`tokenflow.model.rope` and the mask in
+:func:`~tokenflow.model.kv_cache.attention_mask_for` (both re-exported here).
 """
 from __future__ import annotations
 
@@ -133,7 +133,8 @@ class Attention(PackedWeights, nn.Module):
             k_all, v_all = kv_cache.update(self.layer_idx, step, k, v)   # [B, nkv, L, D]
             if trace is not None:
                 trace.record("write KV", where, x, k, nbytes=k.nbytes + v.nbytes,
-                             note=f"K,V of {S} new token(s) -> cache slots {start}..{start + S - 1}")
+                             note=f"K,V of {S} new token(s) -> cache slots "
+                                  f"{start}..{start + S - 1}")
         else:
             k_all, v_all = k, v
         keep = trace is not None and trace.keep_tensors
@@ -164,9 +165,10 @@ def attention_steps(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: to
 
     Uses the module's own projections (``attn.q_proj``, ``k_proj``, ``v_proj``, ``o_proj``)
     and :func:`apply_rope`; the result ``"out"`` equals the module's forward with a
-    :class:`~tokenflow.model.kv_cache.CacheStep` of this ``mask`` and ``start`` (tested). Unlike the module it does **not** write the cache: it reads the past
-    slots ``[0, start)`` of layer ``attn.layer_idx`` and appends the new K/V in a copy, so it
-    can be called before (or instead of) the real forward without changing the cache.
+    :class:`~tokenflow.model.kv_cache.CacheStep` of this ``mask`` and ``start`` (tested). Unlike the
+    module it does **not** write the cache: it reads the past slots ``[0, start)`` of layer
+    ``attn.layer_idx`` and appends the new K/V in a copy, so it can be called before (or instead of)
+    the real forward without changing the cache.
 
     Args:
         attn: an :class:`Attention` module (e.g. ``model.layers[i].self_attn``).

@@ -81,8 +81,8 @@ class ModelConfig:
             ``"llama3"``, ``"yarn"``) and that type's keys, as in HF ``rope_parameters``
             without ``rope_theta`` (see :mod:`tokenflow.model.rope`).
 
-    Fields of other families (counted by :mod:`tokenflow.analysis.costmodel`; the shared model builds
-    only their defaults, :meth:`fields_not_built` lists the rest):
+    Fields of other families (counted by :mod:`tokenflow.analysis.costmodel`; the shared model
+    builds only their defaults, :meth:`fields_not_built` lists the rest):
         attention_bias: bias on ``q/k/v_proj`` (HF Llama/Qwen3/gpt-oss ``attention_bias``,
             Qwen2 always, GPT-2 ``c_attn``). attention_out_bias: bias on ``o_proj``.
         qk_norm: an RMSNorm ``[D]`` on each query and key head (Qwen3 ``q_norm``/``k_norm``).

@@ -21,8 +21,9 @@ and ``num_real[b]`` counts the real tokens of row ``b``, which is also the RoPE 
 its next token.
 
 Bytes per token (all layers): GQA ``2 * layers * n_kv * D * bytes``; MLA ``layers *
-(kv_lora_rank + qk_rope_head_dim) * bytes``; :func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token`
-is the formula, and ``bytes_per_token()`` measured from the tensors equals it (tested).
+(kv_lora_rank + qk_rope_head_dim) * bytes``;
+:func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token` is the formula, and
+``bytes_per_token()`` measured from the tensors equals it (tested).
 """
 from __future__ import annotations
 
@@ -94,8 +95,8 @@ class CacheStep:
     Attributes:
         start: slot of the first new token; the new tokens go to slots ``[start, start+S)``
             of every row (the paged storage adds its slot mapping in a subclass,
-            :class:`~tokenflow.serving.paged_kv_cache.PagedCacheStep`; layers only pass the step back
-            to ``update``).
+            :class:`~tokenflow.serving.paged_kv_cache.PagedCacheStep`; layers only pass the step
+            back to ``update``).
         positions: ``[B,S]`` int64 RoPE position of each new token (counted from the row's
             first real token; padding gets 0).
         mask: ``[B,1,S,L]`` bool, what each query may see (:func:`attention_mask_for`),

@@ -34,9 +34,10 @@ __all__ = ["RMSNorm", "DecoderBlock", "TokenFlowModel"]
 
 class DecoderBlock(nn.Module):
     """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``; ``attn`` is GQA
-    (:class:`~tokenflow.model.attention.Attention`) or MLA (:class:`~tokenflow.model.mla.MLAttention`,
-    when ``config.is_mla``); ``mlp`` is an
-    :class:`~tokenflow.model.ffn.FFN` or an :class:`~tokenflow.model.moe.MoE` (``config.layer_is_moe``)."""
+    (:class:`~tokenflow.model.attention.Attention`) or MLA
+    (:class:`~tokenflow.model.mla.MLAttention`, when ``config.is_mla``); ``mlp`` is an
+    :class:`~tokenflow.model.ffn.FFN` or an :class:`~tokenflow.model.moe.MoE`
+    (``config.layer_is_moe``)."""
 
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()

@@ -19,7 +19,8 @@ compute -> all-to-all combine -> back at the original token positions)::
 
 Bytes a rank sends (hidden-state payload): dispatch ``(P_r - local) * H * b`` and combine
 ``(R_r - local) * H * b``, where ``local`` rows go to the rank's own experts and never touch the
-wire (:func:`tokenflow.analysis.costmodel.moe_a2a_bytes`). With EP=1 everything is local: no traffic.
+wire (:func:`tokenflow.analysis.costmodel.moe_a2a_bytes`). With EP=1 everything is local: no
+traffic.
 
 Run it three ways:
 
@@ -27,8 +28,8 @@ Run it three ways:
 * spawned local processes (what the chapter and the tests do): :func:`run_expert_parallel`
   (gloo on CPU over loopback; a ``TCPStore`` on a free port chosen by the OS);
 * ``torchrun --nproc-per-node 4 -m tokenflow.parallel.expert_parallel`` (or ``python -m
-  tokenflow.parallel.expert_parallel --nproc 4``, which spawns the processes itself). NCCL is used when
-  every rank has its own GPU, gloo otherwise.
+  tokenflow.parallel.expert_parallel --nproc 4``, which spawns the processes itself). NCCL is used
+  when every rank has its own GPU, gloo otherwise.
 
 References: GShard (Lepikhin et al. 2020, arXiv:2006.16668) expressed MoE dispatch and combine
 as all-to-all; DeepSeek-V3 (arXiv:2412.19437, sections 2.1.2, 3.2.2 and 3.4) describes a
@@ -101,8 +102,8 @@ def traffic_matrix(indices: torch.Tensor, token_rank: torch.Tensor, num_experts:
 
 
 class ExpertShard:
-    """What one rank holds of an :class:`~tokenflow.model.moe.MoE`: the (replicated) router and shared
-    experts, and only its ``E/W`` local experts.
+    """What one rank holds of an :class:`~tokenflow.model.moe.MoE`: the (replicated) router and
+    shared experts, and only its ``E/W`` local experts.
 
     Attributes: ``gate``, ``local_experts`` (list), ``shared_experts`` (or None), ``rank``,
     ``world_size``, ``num_experts``, ``first_expert`` (global id of ``local_experts[0]``).
@@ -535,9 +536,9 @@ def simulate_routing(num_experts: int = 8, top_k: int = 2, batch_size: int = 1,
 
     Returns:
         dict: ``tokens``, ``counts`` (``[E]`` list), ``imbalance``, ``capacity``, ``dropped``
-        (from :func:`tokenflow.model.moe.load_stats`), ``traffic`` (``[W, W]`` list), ``local_pairs``,
-        ``remote_pairs``, ``dispatch_bytes`` and ``combine_bytes`` (all ranks together),
-        ``uniform_bytes`` (what uniform routing would send per direction).
+        (from :func:`tokenflow.model.moe.load_stats`), ``traffic`` (``[W, W]`` list),
+        ``local_pairs``, ``remote_pairs``, ``dispatch_bytes`` and ``combine_bytes`` (all ranks
+        together), ``uniform_bytes`` (what uniform routing would send per direction).
 
     Raises:
         ValueError: ``top_k`` outside ``[1, num_experts]``, ``world_size`` not dividing
@@ -627,9 +628,10 @@ def _report(result_out: torch.Tensor, ref: torch.Tensor, stats: list[EPRankStats
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line: ``torchrun --nproc-per-node N -m tokenflow.parallel.expert_parallel [options]`` or
-    ``python -m tokenflow.parallel.expert_parallel --nproc N [options]``. Prints per-rank rows and bytes,
-    the formula check and the largest difference to the single-process MoE."""
+    """Command line: ``torchrun --nproc-per-node N -m tokenflow.parallel.expert_parallel
+    [options]`` or ``python -m tokenflow.parallel.expert_parallel --nproc N [options]``. Prints
+    per-rank rows and bytes, the formula check and the largest difference to the single-process
+    MoE."""
     p = argparse.ArgumentParser(prog="python -m tokenflow.parallel.expert_parallel",
                                 description=main.__doc__)
     p.add_argument("--nproc", type=int, default=2, help="processes to spawn (without torchrun)")

@@ -5,8 +5,8 @@ cache for a :class:`~tokenflow.model.kv_cache.CacheStep` once per forward pass (
 each attention layer makes one ``update(layer, step, *entries)`` call, which writes the new
 tokens' entries and returns the entries to attend over, ``[B, heads, L, dim]`` each. The
 entries are those of :func:`~tokenflow.model.kv_cache.cache_entries` (GQA ``k``, ``v``; MLA
-``latent``, ``k_rope``), so attention (:mod:`tokenflow.model.attention`, :mod:`tokenflow.model.mla`) does
-not know which storage it talks to.
+``latent``, ``k_rope``), so attention (:mod:`tokenflow.model.attention`, :mod:`tokenflow.model.mla`)
+does not know which storage it talks to.
 
 **The storage** (vLLM's PagedAttention, Kwon et al. 2023, arXiv:2309.06180, section 4.1): per
 layer and entry one preallocated pool ``[num_blocks, heads, block_size, dim]`` (the

@@ -65,7 +65,8 @@ from .recap import line_figure
 
 __all__ = ["display_width", "pad", "format_bytes", "say", "Table", "agree", "Agreement",
            "precomputed_explorer",
-           "PrecomputedExplorer", "MAX_OUTPUTS", "MAX_HTML_BYTES", "setup_notebook", "use_book_font",
+           "PrecomputedExplorer", "MAX_OUTPUTS", "MAX_HTML_BYTES", "setup_notebook",
+           "use_book_font",
            "DIAGRAM_PATH", "TRACE_NODE", "Edge", "Diagram", "parse_mermaid", "load_diagram",
            "token_flow_diagram", "node_of", "diagram_trace_table", "trace_decode_step",
            "topk_bar", "hidden_state_heatmap", "residual_stream_plot", "shape_flow",

@@ -103,7 +103,8 @@ def kv_cache_growth_plot(config, max_len: int, kv_heads: list[int],
                          bytes_per_element: float = 2, title: str = ""):
     """KV-cache bytes of one sequence against its length, one line per K/V head count
     (the config's own count in blue, others grey), from
-    :func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token`. Bytes grow linearly in the length.
+    :func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token`. Bytes grow linearly in the
+    length.
 
     Args:
         config: a :class:`~tokenflow.model.config.ModelConfig`.
@@ -201,7 +202,7 @@ def kv_cache_summary(config, batch_size: int, seq_len: int, num_key_value_heads:
         f"{r['bytes_per_token']:,}",
         f"  total for B={batch_size}, S={seq_len}: {r['nbytes']:,} B "
         f"({format_bytes(r['nbytes'])})",
-        f"  this is full MHA" if kind == "MHA" else
+        "  this is full MHA" if kind == "MHA" else
         f"  full MHA would need {mha['nbytes']:,} B: {mha['nbytes'] // r['nbytes']}x more"])
 
 
@@ -276,8 +277,9 @@ def kv_cache_static(config, seq_len=(1, 16, 64, 128), batch_size: int = 1,
 
 
 def kv_per_token_view(layouts: list, contexts: list, bytes_per_element: float = 2):
-    """:func:`tokenflow.analysis.attention_kinds.kv_per_token_rows` as a :class:`tokenflow.viz.Table`:
-    one row per cache layout, average bytes per token of one sequence at each context."""
+    """:func:`tokenflow.analysis.attention_kinds.kv_per_token_rows` as a
+    :class:`tokenflow.viz.Table`: one row per cache layout, average bytes per token of one
+    sequence at each context."""
     from tokenflow.analysis.attention_kinds import kv_per_token_rows
 
     from .fmt import Table

@@ -5,9 +5,10 @@ SC (SIL Open Font License 1.1, ``OFL.txt`` beside them; rebuilt by ``scripts/bui
 Latin, Greek, arrows, maths and every Chinese character the corpus, the tokenizer and the
 notebooks contain. ``TokenflowSansFallback-{Regular,Bold}.ttf`` hold the few characters Noto
 Sans CJK lacks (Latin Extended-A of the byte-level alphabet, U+FFFD), from DejaVu Sans
-(``LICENSE_DEJAVU``); matplotlib falls back to them glyph by glyph. :func:`use_book_font` registers them with matplotlib and makes them the only
-font family the figures use, so a figure looks the same on every machine, with or without a
-Chinese system font, and its SVG / PNG output does not depend on what the host has installed.
+(``LICENSE_DEJAVU``); matplotlib falls back to them glyph by glyph. :func:`use_book_font` registers
+them with matplotlib and makes them the only font family the figures use, so a figure looks the same
+on every machine, with or without a Chinese system font, and its SVG / PNG output does not depend on
+what the host has installed.
 
 Importing :mod:`tokenflow.viz` (its ``style`` module) calls it, and so does ``setup_notebook``.
 """
@@ -42,7 +43,8 @@ def font_path(weight: str = "regular", fallback: bool = False) -> Path:
     files = {"regular": FONT_FILES[0], "bold": FONT_FILES[1]}
     if weight not in files:
         raise ValueError(f"weight must be 'regular' or 'bold', got {weight!r}")
-    path = FONT_DIR / (files[weight].replace("Sans-", "SansFallback-") if fallback else files[weight])
+    path = FONT_DIR / (files[weight].replace("Sans-", "SansFallback-") if fallback
+                       else files[weight])
     if not path.is_file():
         raise FileNotFoundError(f"the book's font {path} is missing (rebuild it with "
                                 "scripts/build_fonts.py, or reinstall the package)")

@@ -283,8 +283,8 @@ def moe_routing_summary(num_experts: int, top_k: int, batch_size: int, seq_len: 
                         world_size: int = 4, hidden_size: int = 7168,
                         bytes_per_element: float = 2, capacity_factor: float = 1.25,
                         seed: int = 0) -> str:
-    """Text for :func:`tokenflow.parallel.expert_parallel.simulate_routing`: tokens, load per expert,
-    imbalance, what a capacity limit would drop, and all-to-all bytes (dispatch and again
+    """Text for :func:`tokenflow.parallel.expert_parallel.simulate_routing`: tokens, load per
+    expert, imbalance, what a capacity limit would drop, and all-to-all bytes (dispatch and again
     combine) at ``hidden_size`` / ``bytes_per_element``, against the uniform-routing formula.
     A ``ValueError`` (e.g. ``top_k > num_experts``) is returned as its message.
     """

@@ -59,8 +59,8 @@ def roofline_summary(config, hw_name: str = "H800", phase: str = "decode", batch
                      attention_dtype: str | None = "bf16") -> dict:
     """Roofline of one step on one device (:func:`tokenflow.analysis.roofline.roofline`, tensor
     parallel 1 as in DeepSeek's DP attention) for a hardware preset, with the memory the step
-    needs: ``weights + KV`` bytes (:mod:`tokenflow.analysis.costmodel`: this device's weights and the
-    batch's KV cache). The defaults are DeepSeek's V3/R1 service (day-6 note of its
+    needs: ``weights + KV`` bytes (:mod:`tokenflow.analysis.costmodel`: this device's weights and
+    the batch's KV cache). The defaults are DeepSeek's V3/R1 service (day-6 note of its
     open-infra-index): matrix multiplies at the ``dtype`` (FP8) peak, the attention core at the
     ``attention_dtype`` (BF16) peak, FP8 weights, BF16 cache, at most 4 nodes per token.
 
@@ -71,7 +71,8 @@ def roofline_summary(config, hw_name: str = "H800", phase: str = "decode", batch
 
     Raises:
         ValueError: as :func:`~tokenflow.analysis.roofline.hardware` and
-            :func:`~tokenflow.analysis.roofline.roofline` (e.g. ``ep_size`` not dividing the experts).
+            :func:`~tokenflow.analysis.roofline.roofline` (e.g. ``ep_size`` not dividing the
+            experts).
     """
     from tokenflow.analysis.costmodel import kv_cache_bytes, weight_bytes_per_device
     from tokenflow.analysis.roofline import hardware, roofline

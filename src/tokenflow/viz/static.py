@@ -85,7 +85,8 @@ def _render(out, kind: str) -> str:
         return _figure_html(out, kind)
     if kind == "html":
         if not hasattr(out, "_repr_html_"):
-            raise TypeError(f"kind='html' needs an object with _repr_html_, got {type(out).__name__}")
+            raise TypeError("kind='html' needs an object with _repr_html_, "
+                            f"got {type(out).__name__}")
         return out._repr_html_()
     if kind == "text":
         text = out.to_text() if isinstance(out, Table) else str(out)
@@ -155,11 +156,13 @@ def _controls_html(controls: dict, default: dict) -> str:
 def _check_controls(controls, default) -> dict:
     """Validate ``controls`` / ``default``; return each control's default index."""
     if not isinstance(controls, dict) or not controls:
-        raise TypeError(f"controls must be a non-empty dict name -> list of values, got {controls!r}")
+        raise TypeError("controls must be a non-empty dict name -> list of values, "
+                        f"got {controls!r}")
     n = 1
     for name, values in controls.items():
         if not isinstance(values, (list, tuple)) or not values:
-            raise ValueError(f"controls[{name!r}] must be a non-empty list of values, got {values!r}")
+            raise ValueError(f"controls[{name!r}] must be a non-empty list of values, "
+                             f"got {values!r}")
         n *= len(values)
     if n > MAX_OUTPUTS:
         sizes = " x ".join(str(len(v)) for v in controls.values())

@@ -34,9 +34,9 @@ def decode_trace_explorer(config, **slider_specs):
 
 
 def trace_table(trace, where: tuple[str, ...] | None = None, note: bool = True):
-    """:class:`tokenflow.analysis.trace.Trace` events as a :class:`tokenflow.viz.Table`: index, action,
-    where, input and output shape (no-break spaces, so a shape stays on one line), bytes and
-    (``note=True``) the note. ``where`` keeps only
+    """:class:`tokenflow.analysis.trace.Trace` events as a :class:`tokenflow.viz.Table`: index,
+    action, where, input and output shape (no-break spaces, so a shape stays on one line), bytes
+    and (``note=True``) the note. ``where`` keeps only
     events whose ``where`` is in it (e.g. ``("embedding", "LM head")``)."""
     from .fmt import Table
     def shape(t):                      # no-break spaces: a shape never wraps inside a cell
@@ -44,7 +44,8 @@ def trace_table(trace, where: tuple[str, ...] | None = None, note: bool = True):
     rows = [[i, e.action, e.where, shape(e.in_shape), shape(e.out_shape), e.nbytes]
             + ([e.note] if note else [])
             for i, e in enumerate(trace.events) if where is None or e.where in where]
-    headers = ["#", "action", "where", "in shape", "out shape", "bytes"] + (["note"] if note else [])
+    headers = (["#", "action", "where", "in shape", "out shape", "bytes"]
+               + (["note"] if note else []))
     return Table(rows, headers)
 
 
@@ -52,8 +53,8 @@ TRACE_SHAPES_WHERE = ("embedding", "layer 1 attention", "layer 1 MoE", "LM head"
 
 
 def trace_shapes_table(config, batch_size: int, seq_len: int, num_experts: int):
-    """The rows of :func:`tokenflow.analysis.trace.trace_shapes` (random weights, only the shapes mean
-    anything) for the embedding, the first MoE block and the LM head, as a
+    """The rows of :func:`tokenflow.analysis.trace.trace_shapes` (random weights, only the shapes
+    mean anything) for the embedding, the first MoE block and the LM head, as a
     :class:`tokenflow.viz.Table`. Raises as ``trace_shapes``."""
     from tokenflow.analysis.trace import trace_shapes
     t = trace_shapes(config, batch_size, seq_len, num_experts=num_experts)
