@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenflow import TokenFlowModel, Tokenizer, generate, load_pretrained, preset
+from tokenflow import TokenFlowModel, generate, load_pretrained, preset
 from tokenflow.interop import save_hf_checkpoint
 from tokenflow.interop.vllm_peer import (VLLM_CPU_HEAD_SIZES, VLLM_CPU_MLA_HEAD_SIZE,
                                          VLLMProcess, complete_via_server, start_vllm_server,

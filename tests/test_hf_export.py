@@ -193,8 +193,8 @@ def test_qwen2_moe_export_writes_zero_qkv_biases(exported):
         return
     assert cfg["qkv_bias"] is True
     c = ours.config
-    rows = {"q_proj": c.num_attention_heads * c.head_dim, "k_proj": c.num_key_value_heads * c.head_dim,
-            "v_proj": c.num_key_value_heads * c.head_dim}
+    kv = c.num_key_value_heads * c.head_dim
+    rows = {"q_proj": c.num_attention_heads * c.head_dim, "k_proj": kv, "v_proj": kv}
     assert sorted(biases) == sorted(f"model.layers.{i}.self_attn.{n}.bias"
                                     for i in range(c.num_hidden_layers) for n in rows)
     for k, v in biases.items():

@@ -76,7 +76,8 @@ def test_compare_runs_by_hand():
     assert (off["identical_requests"], off["identical_tokens"], off["first_mismatch"]) == (1, 4, 1)
     assert off["max_logprob_diff"] == 0.0
     short = compare_runs([_rec([1, 2])], [_rec([1, 2, 3])])           # one run stopped early
-    assert (short["num_tokens"], short["identical_tokens"], short["identical_requests"]) == (3, 2, 0)
+    assert (short["num_tokens"], short["identical_tokens"],
+            short["identical_requests"]) == (3, 2, 0)
     assert compare_runs([_rec([1])], [_rec([1])])["max_logprob_diff"] is None
     with pytest.raises(ValueError, match="1 and 2"):
         compare_runs([_rec([1])], [_rec([1]), _rec([2])])
