@@ -19,20 +19,35 @@ with the first vLLM run's. ``--json`` stores the run under ``"vllm"`` (other key
 
 ``--model dense-92m``: a random Llama-shaped model (hidden 1,024, 16 heads of 64, 4 KV heads,
 intermediate 2,816, 8 layers, vocab 888; 92M parameters, seeded), built here, nothing stored.
+
+Our process runs with ``OMP_WAIT_POLICY=PASSIVE`` (``--omp-wait-policy ACTIVE`` for the
+default of PyTorch's libgomp, whose threads spin at the end of every parallel region). On two
+cores that other processes also use, spinning threads keep a descheduled partner waiting: the
+engine at two threads fell from ~1,900 tok/s at one thread to 54-460 tok/s, and to ~1,700
+with the passive policy, on the same loaded machine (benchmarks/README.md).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import statistics
 import sys
-import tempfile
-import time
-from pathlib import Path
 
-import psutil
-import torch
+# Our process: OpenMP threads that wait passively (sleep) at the end of a parallel region
+# instead of spinning. Read once, when torch loads its OpenMP runtime, so it is set before
+# `import torch`; vLLM's processes are started without it (its defaults). `--omp-wait-policy
+# ACTIVE` (or the variable set by the caller) measures the other way.
+if "--omp-wait-policy" in sys.argv:
+    os.environ["OMP_WAIT_POLICY"] = sys.argv[sys.argv.index("--omp-wait-policy") + 1]
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import psutil  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine  # noqa: E402
@@ -109,7 +124,13 @@ def bench_threads(model, folder: Path, prompts, news, threads: int, pairs: int) 
     settings = dict(PEER_ENGINE_ARGS, max_model_len=model.config.max_position_embeddings,
                     threads=threads)
     me = psutil.Process()
-    with VLLMProcess(folder, settings) as peer:
+    ours_policy = os.environ.pop("OMP_WAIT_POLICY", None)     # vLLM starts with its defaults
+    try:
+        peer = VLLMProcess(folder, settings)
+    finally:
+        if ours_policy is not None:
+            os.environ["OMP_WAIT_POLICY"] = ours_policy
+    with peer:
         def vllm_run():
             c = tree_cpu(peer.proc.pid)
             r = peer.run(prompts, news)
@@ -150,6 +171,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--model", choices=["tiny", "dense-92m"], default="tiny")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE"], default="PASSIVE",
+                   help="OpenMP wait policy of our process (read before torch loads)")
     a = p.parse_args()
     model, tok = build_model(a.model)
     prompts, news = peer_workload(tok)
@@ -168,6 +191,7 @@ def main() -> None:
                   f"{r['vllm_tpot_s'] * 1e3:.1f} ms, CPU s {r['ours_cpu_s']:.2f} / "
                   f"{r['vllm_cpu_s']:.2f}, vLLM startup {r['vllm_startup_s']:.0f} s", flush=True)
     result = {"model": a.model, "machine": machine(max(a.threads)).split(";")[0],
+              "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
               "date": time.strftime("%Y-%m-%d"), "started": started, "pairs": a.pairs,
               "load_before": load_before, "load_after": os.getloadavg()[0],
               "requests": len(prompts), "new_tokens": sum(news), "runs": runs}

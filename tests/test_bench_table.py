@@ -86,3 +86,39 @@ def test_a_changed_serving_run_changes_its_block_only():
     no_block = page.replace(bench_table.SERVING_END, "")
     with pytest.raises(ValueError, match="serving-table"):
         bench_table.render(no_block, data)
+
+
+def _vllm(data):
+    """``data`` with a small ``vllm`` entry (the layout ``bench_vllm.py --json`` writes)."""
+    out = copy.deepcopy(data)
+    run = dict(threads=1, vllm_startup_s=41.2, identical=True, ratio=1.62, ratio_min=1.5,
+               ratio_max=1.71, ratios=[1.5, 1.62, 1.71], target=1.5, met=True,
+               ours_tok_s=2345.6, ours_ttft_s=0.0512, ours_tpot_s=0.00421, ours_cpu_s=0.93,
+               vllm_tok_s=1447.9, vllm_ttft_s=0.1004, vllm_tpot_s=0.0061, vllm_cpu_s=2.5)
+    two = dict(run, threads=2, ratio=0.8, ratio_min=0.7, ratio_max=0.9, met=False,
+               target=1.0, identical=False, vllm_startup_s=38.0)
+    out["vllm"] = {"tiny": dict(model="tiny", machine="CPU X, 2 cores", date="2026-12-01",
+                                started="22:00 UTC", pairs=3, load_before=1.46,
+                                load_after=2.51, requests=48, new_tokens=790,
+                                runs=[run, two])}
+    return out
+
+
+def test_vllm_table_comes_from_the_json():
+    data = _vllm(json.loads(bench_table.JSON.read_text(encoding="utf-8")))
+    text = bench_table.vllm_table(data)
+    lines = text.splitlines()
+    assert lines[2] == ("| 1 | 2,346 | 1,448 | 1.62x (1.50-1.71) | >= 1.5x | yes | 51 / 100 "
+                        "| 4.2 / 6.1 | 0.93 / 2.50 |")
+    assert lines[3].startswith("| 2 | 2,346 | 1,448 | 0.80x (0.70-0.90) | >= 1.0x | no |")
+    assert "48 requests, 790 new tokens per run; tokens identical to vLLM's in every run: no." \
+        in text                                      # one thread count disagreed
+    assert "41 s (1 thread), 38 s (2 threads)" in text
+    assert "load average 1.5 at the start and 2.5 at the end; 3 alternating pairs" in text
+    page = bench_table.PAGE.read_text(encoding="utf-8")
+    new = bench_table.render(page, data)
+    outside = page.split(bench_table.VLLM_BEGIN)[0], page.split(bench_table.VLLM_END)[1]
+    assert "| 1 | 2,346 | 1,448 |" in new and new.startswith(outside[0]) \
+        and new.endswith(outside[1])
+    with pytest.raises(ValueError, match="vllm-table"):
+        bench_table.render(page.replace(bench_table.VLLM_END, ""), data)
