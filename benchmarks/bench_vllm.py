@@ -190,7 +190,8 @@ def main() -> None:
                   f"{r['vllm_ttft_s'] * 1e3:.0f} ms, TPOT {r['ours_tpot_s'] * 1e3:.1f} / "
                   f"{r['vllm_tpot_s'] * 1e3:.1f} ms, CPU s {r['ours_cpu_s']:.2f} / "
                   f"{r['vllm_cpu_s']:.2f}, vLLM startup {r['vllm_startup_s']:.0f} s", flush=True)
-    result = {"model": a.model, "machine": machine(max(a.threads)).split(";")[0],
+    cpu = machine(max(a.threads)).split(", torch.set_num_threads")[0]
+    result = {"model": a.model, "machine": cpu,
               "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
               "date": time.strftime("%Y-%m-%d"), "started": started, "pairs": a.pairs,
               "load_before": load_before, "load_after": os.getloadavg()[0],
