@@ -20,7 +20,7 @@ from tokenflow.interop import save_hf_checkpoint
 from tokenflow.interop.vllm_peer import (VLLM_CPU_HEAD_SIZES, VLLM_CPU_MLA_HEAD_SIZE,
                                          VLLMProcess, complete_via_server, start_vllm_server,
                                          stop_vllm_server, vllm_python)
-from tokenflow.serving.peer import PEER_ENGINE_ARGS
+from tokenflow.serving.peer import PEER_ENGINE_ARGS, load_peer_run
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -58,6 +58,16 @@ def test_shipped_model_same_tokens_on_every_request(peer):
     assert c["identical_tokens"] == c["num_tokens"] == peer["workload"]["total_new_tokens"]
     assert c["max_logprob_diff"] is not None and c["max_logprob_diff"] <= LOGPROB_ATOL
     assert agrees(peer)
+
+
+def test_both_schedules_repeat_the_stored_run(peer):
+    """Without vLLM's asynchronous scheduling both engines' counters repeat run to run: this
+    run's steps, preemptions and prefix-cache hits are the stored run's (chapter 05)."""
+    stored = load_peer_run()
+    keys = ("num_steps", "num_preemptions", "prefix_cache_hits")
+    for engine in ("ours", "vllm"):
+        assert {k: peer[engine][k] for k in keys} == {k: stored[engine][k] for k in keys}
+    assert peer["vllm"]["token_ids"] == stored["vllm"]["token_ids"]
 
 
 def test_workload_exercises_prefix_caching_and_chunking(peer):

@@ -144,3 +144,60 @@ def test_vllm_problem_accepts_the_shipped_shape_and_the_mla_latent(pretrained):
                  v_head_dim=32, head_dim=64)
     assert vllm_problem(mla) is None
     assert "256 + 64 = 320" in vllm_problem(mla.replace(kv_lora_rank=256))
+
+
+def test_run_ours_times_are_the_request_outputs(pretrained, workload, monkeypatch):
+    """TTFT and TPOT of our record are RequestOutput's own (one definition): fixed stamps in,
+    TTFT = first - arrival, TPOT = (last - first) / (n - 1) out."""
+    from tokenflow.serving import RequestOutput
+    fixed = [RequestOutput(0, [1, 2], [5, 6, 7, 8, 9], "length", arrival_time=0.0,
+                           first_token_time=1.0, finish_time=9.0, last_token_time=5.0,
+                           logprobs=[{t: -0.5} for t in (5, 6, 7, 8, 9)])]
+    monkeypatch.setattr("tokenflow.serving.peer.LLMEngine.run",
+                        lambda self, prompts, params, use_tqdm=True: fixed)
+    rec = run_ours(pretrained[0], [[1, 2]], [5], **PEER_ENGINE_ARGS)["outputs"][0]
+    assert rec["ttft_s"] == 1.0 and rec["tpot_s"] == 1.0 and rec["logprobs"] == [-0.5] * 5
+
+
+def test_vllm_record_of_a_request_output():
+    """vLLM's RequestOutput as our record: TTFT from queueing to the first token, TPOT from
+    the first to the last token over n - 1, the chosen tokens' logprobs."""
+    from types import SimpleNamespace as NS
+    from tokenflow.interop.vllm_peer import _output
+    lp = [{t: NS(logprob=-0.1 * t), 99: NS(logprob=-9.0)} for t in (1, 2, 3, 4, 5)]
+    o = NS(outputs=[NS(token_ids=[1, 2, 3, 4, 5], logprobs=lp)], num_cached_tokens=32,
+           metrics=NS(queued_ts=0.5, first_token_ts=1.0, last_token_ts=5.0))
+    rec = _output(o)
+    assert rec["token_ids"] == [1, 2, 3, 4, 5] and rec["num_cached_tokens"] == 32
+    assert rec["ttft_s"] == 0.5 and rec["tpot_s"] == 1.0
+    assert rec["logprobs"] == pytest.approx([-0.1, -0.2, -0.3, -0.4, -0.5])
+    one = NS(outputs=[NS(token_ids=[7], logprobs=None)], num_cached_tokens=None,
+             metrics=NS(queued_ts=0.0, first_token_ts=2.0, last_token_ts=2.0))
+    assert _output(one) == {"token_ids": [7], "logprobs": None, "num_cached_tokens": 0,
+                            "ttft_s": 2.0, "tpot_s": None}
+
+
+def test_make_llm_gives_vllm_our_settings(monkeypatch):
+    """make_llm hands vLLM one block more than ours (vLLM keeps block 0 as its null block),
+    chunked prefill, stats on, and binds its threads to the first cores."""
+    import sys
+    import types
+    from tokenflow.interop.vllm_peer import make_llm
+    got = {}
+    fake = types.ModuleType("vllm")
+    fake.LLM = lambda **kw: got.update(kw) or "llm"
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    assert make_llm("/m", block_size=32, num_blocks=24, max_num_seqs=16,
+                    max_num_batched_tokens=256, max_model_len=128, threads=2,
+                    async_scheduling=False) == "llm"
+    assert got["num_gpu_blocks_override"] == 25 and got["block_size"] == 32
+    assert got["enable_chunked_prefill"] and not got["disable_log_stats"]
+    assert got["async_scheduling"] is False and got["dtype"] == "float32"
+    import os
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    got.clear()
+    make_llm("/m", block_size=16, num_blocks=8, max_num_seqs=1, max_num_batched_tokens=16,
+             max_model_len=64)
+    assert "async_scheduling" not in got and got["num_gpu_blocks_override"] == 9
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0"

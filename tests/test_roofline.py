@@ -306,3 +306,13 @@ def test_service_source_quotes_the_average_output_speed():
     src = DEEPSEEK_V3_SERVICE["source"]
     assert "average output speed was 20-22 tokens per second" in src
     assert DEEPSEEK_V3_SERVICE["output_tok_s_per_request"] == (20, 22)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_tensor_parallel_all_reduce_bytes_by_hand(tp):
+    """Megatron-style TP: two all-reduces of the [T, H] activations per layer (after attention
+    and after the MLP); a ring all-reduce sends 2 (tp - 1) / tp of the data from each device.
+    small-dense: 8 layers, H 512; decode of 3 sequences, bf16 activations (2 bytes)."""
+    cfg = preset("small-dense")
+    r = roofline(cfg, hardware("H100"), "decode", 3, 100, tp_size=tp)
+    assert r["scale_up_bytes"] == pytest.approx(8 * 2 * (2 * (tp - 1) / tp) * 3 * 512 * 2)

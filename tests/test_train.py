@@ -25,3 +25,19 @@ def test_save_load_roundtrip(tmp_path, make_model):
     ids = torch.randint(0, model.config.vocab_size, (2, 5))
     with torch.no_grad():
         torch.testing.assert_close(back(ids), model(ids))
+
+
+def test_make_batches_masks_every_next_token_up_to_eos_and_no_padding():
+    """Position s is a loss position when token s + 1 is real: every token of the sentence
+    and its <eos>, never the <pad> after it (a hand count per row)."""
+    from tokenflow import Tokenizer
+    from tokenflow.train import make_batches
+    tok = Tokenizer.from_file()
+    lines = ["北京", "北京是中国的首都"]
+    ids, mask = make_batches(tok, lines)
+    lens = [len(tok.encode(line)) for line in lines]           # tokens without <eos>
+    assert mask.sum(1).tolist() == lens                        # predict tokens 2.. and <eos>
+    for n, k in enumerate(lens):
+        assert ids[n, k].item() == tok.eos_token_id            # the last target is <eos>
+        assert mask[n, :k].all() and not mask[n, k:].any()
+        assert (ids[n, k + 1:] == tok.pad_token_id).all()

@@ -117,8 +117,9 @@ def run_ours(model, prompts: list[list[int]], max_new_tokens: list[int], *,
 
     Returns:
         ``{"wall_s", "outputs": [{"token_ids", "logprobs", "num_cached_tokens", "ttft_s",
-        "tpot_s"}], "num_steps", "num_preemptions", "prefix_cache_hits"}``; TTFT from the
-        request's arrival to its first token, TPOT from the first to the last token.
+        "tpot_s"}], "num_steps", "num_preemptions", "prefix_cache_hits"}``; TTFT and TPOT
+        are :class:`~.request.RequestOutput`'s (arrival to first token; first to last token,
+        per token after the first).
 
     Raises:
         ValueError: ``len(max_new_tokens) != len(prompts)``, or as :class:`~.engine.LLMEngine`.
@@ -136,14 +137,11 @@ def run_ours(model, prompts: list[list[int]], max_new_tokens: list[int], *,
     wall = time.perf_counter() - t
     records = []
     for o in outs:
-        n = len(o.output_token_ids)
-        tpot = (None if n < 2 or o.first_token_time is None else
-                (o.finish_time - o.first_token_time) / (n - 1))
         lps = None if o.logprobs is None else [float(d[t]) for d, t in
                                                zip(o.logprobs, o.output_token_ids)]
         records.append({"token_ids": list(o.output_token_ids), "logprobs": lps,
                         "num_cached_tokens": o.num_cached_tokens, "ttft_s": o.ttft,
-                        "tpot_s": tpot})
+                        "tpot_s": o.tpot})
     m = engine.metrics()
     return {"wall_s": wall, "outputs": records, "num_steps": m["num_steps"],
             "num_preemptions": m["num_preemptions"],
