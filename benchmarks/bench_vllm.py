@@ -20,24 +20,23 @@ with the first vLLM run's. ``--json`` stores the run under ``"vllm"`` (other key
 ``--model dense-92m``: a random Llama-shaped model (hidden 1,024, 16 heads of 64, 4 KV heads,
 intermediate 2,816, 8 layers, vocab 888; 92M parameters, seeded), built here, nothing stored.
 
-Our process runs with ``OMP_WAIT_POLICY=PASSIVE`` (``--omp-wait-policy ACTIVE`` for the
-default of PyTorch's libgomp, whose threads spin at the end of every parallel region). On two
-cores that other processes also use, spinning threads keep a descheduled partner waiting: the
-engine at two threads fell from ~1,900 tok/s at one thread to 54-460 tok/s, and to ~1,700
-with the passive policy, on the same loaded machine (benchmarks/README.md).
+Threads: two OpenMP threads on two cores are fast while nothing else runs and collapse when
+another process keeps a core busy (libgomp's threads spin at the end of each parallel region;
+``OMP_WAIT_POLICY=PASSIVE`` sleeps at once and trades the opposite way): see
+benchmarks/README.md. Run this on a quiet machine; the JSON records the load average before and
+after, and ``--omp-wait-policy`` sets our process's policy.
 """
 from __future__ import annotations
 
 import os
 import sys
 
-# Our process: OpenMP threads that wait passively (sleep) at the end of a parallel region
-# instead of spinning. Read once, when torch loads its OpenMP runtime, so it is set before
-# `import torch`; vLLM's processes are started without it (its defaults). `--omp-wait-policy
-# ACTIVE` (or the variable set by the caller) measures the other way.
+# `--omp-wait-policy PASSIVE|ACTIVE` sets our process's OpenMP wait policy; it is read once,
+# when torch loads its OpenMP runtime, so it is set before `import torch`. vLLM's processes are
+# started without it (their defaults). Without the flag, libgomp's default (threads spin a
+# while at the end of each parallel region, then sleep).
 if "--omp-wait-policy" in sys.argv:
     os.environ["OMP_WAIT_POLICY"] = sys.argv[sys.argv.index("--omp-wait-policy") + 1]
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -171,8 +170,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--model", choices=["tiny", "dense-92m"], default="tiny")
     p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE"], default="PASSIVE",
-                   help="OpenMP wait policy of our process (read before torch loads)")
+    p.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE"], default=None,
+                   help="OpenMP wait policy of our process (default: libgomp's own)")
     a = p.parse_args()
     model, tok = build_model(a.model)
     prompts, news = peer_workload(tok)
@@ -192,7 +191,7 @@ def main() -> None:
                   f"{r['vllm_cpu_s']:.2f}, vLLM startup {r['vllm_startup_s']:.0f} s", flush=True)
     cpu = machine(max(a.threads)).split(", torch.set_num_threads")[0]
     result = {"model": a.model, "machine": cpu,
-              "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
               "date": time.strftime("%Y-%m-%d"), "started": started, "pairs": a.pairs,
               "load_before": load_before, "load_after": os.getloadavg()[0],
               "requests": len(prompts), "new_tokens": sum(news), "runs": runs}

@@ -173,8 +173,8 @@ def vllm_table(data: dict, model: str = "tiny") -> str:
     notes = (f"{v['requests']} requests, {v['new_tokens']:,} new tokens per run; tokens "
              f"identical to vLLM's in every run: {'yes' if same else 'no'}. vLLM's startup, "
              f"not counted above: {startup}. Measured {v['date']} from {v['started']}: "
-             f"{v['machine']}, our process with OMP_WAIT_POLICY="
-             f"{v.get('omp_wait_policy', 'unset')}; load average {v['load_before']:.1f} at the "
+             f"{v['machine']}, our process's OpenMP wait policy "
+             f"{v.get('omp_wait_policy', 'default')}; load average {v['load_before']:.1f} at the "
              f"start and {v['load_after']:.1f} at the end; {v['pairs']} alternating pairs per "
              f"thread count, the median shown.")
     return "\n".join(lines) + "\n\n" + notes
