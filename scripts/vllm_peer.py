@@ -8,7 +8,8 @@ The second form stores what chapter 05 shows (the book's venv has no vLLM, so th
 the stored run): both engines' steps, preemptions and prefix-cache hits, and whether every token
 agreed. It exits with status 1 when a token differs. Both engines run on one thread, in fp32;
 vLLM without its asynchronous scheduling (as ours: each step planned once the previous step's
-tokens are known), so that its counters repeat run to run.
+tokens are known). vLLM's counters still vary a little from run to run (its engine core starts
+stepping while the front end is still sending requests); ours repeat exactly.
 """
 from __future__ import annotations
 

@@ -80,8 +80,9 @@ def make_llm(folder: str | Path, *, block_size: int, num_blocks: int, max_num_se
     ``enforce_eager``: skip vLLM's ``torch.compile`` of the model (a faster start; the
     default compiles, as a deployment would). ``async_scheduling``: ``False`` schedules each
     step after the previous one's tokens are known, as :class:`tokenflow.serving.LLMEngine`
-    does (a schedule that repeats run to run); ``None`` keeps vLLM's default (on: step
-    ``n + 1`` is scheduled while step ``n`` runs). Call it under
+    does; ``None`` keeps vLLM's default (on: step ``n + 1`` is scheduled while step ``n``
+    runs). Either way vLLM's engine core starts stepping while requests still arrive, so
+    its counters can vary run to run; its tokens do not. Call it under
     ``if __name__ == "__main__":`` (vLLM starts processes).
 
     Raises:
