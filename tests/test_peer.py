@@ -201,3 +201,106 @@ def test_make_llm_gives_vllm_our_settings(monkeypatch):
              max_model_len=64)
     assert "async_scheduling" not in got and got["num_gpu_blocks_override"] == 9
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+
+
+def test_vllm_problem_mla_depends_on_the_latent_only():
+    """vLLM's CPU MLA kernel takes the 576-wide latent whatever the RoPE part's width; the GQA
+    head sizes do not apply to MLA."""
+    mla = preset("tiny", kv_lora_rank=560, qk_rope_head_dim=16, qk_nope_head_dim=32,
+                 v_head_dim=32, head_dim=16)
+    assert vllm_problem(mla) is None
+
+
+def test_vllm_counters_read_vllms_metric_names():
+    """_counters sums vLLM's own Prometheus metrics by their names (vLLM 0.32)."""
+    from types import SimpleNamespace as NS
+    from tokenflow.interop.vllm_peer import _counters
+    metrics = [NS(name="vllm:iteration_tokens_total", count=7, value=None),
+               NS(name="vllm:num_preemptions", value=3.0),
+               NS(name="vllm:prefix_cache_queries", value=100.0),
+               NS(name="vllm:prefix_cache_hits", value=64.0),
+               NS(name="vllm:num_requests_running", value=5.0)]
+    got = _counters(NS(get_metrics=lambda: metrics))
+    assert got == {"num_steps": 7, "num_preemptions": 3, "prefix_cache_queries": 100,
+                   "prefix_cache_hit_tokens": 64}
+
+
+def test_vllm_process_sends_each_batch_as_one_json_line():
+    """VLLMProcess.run writes the batch (prompts, max_new_tokens, logprobs) as one JSON line
+    and reads one record back; a closed pipe raises RuntimeError."""
+    import io
+    import json
+    from types import SimpleNamespace as NS
+    from tokenflow.interop.vllm_peer import VLLMProcess
+    p = object.__new__(VLLMProcess)
+    sent = io.StringIO()
+    p.proc = NS(stdin=sent, stdout=io.StringIO('{"outputs": [], "num_steps": 2}\n'))
+    p.log = None
+    assert p.run([[1, 2]], [3], logprobs=False) == {"outputs": [], "num_steps": 2}
+    assert json.loads(sent.getvalue()) == {"prompts": [[1, 2]], "max_new_tokens": [3],
+                                           "logprobs": False}
+    p.proc = NS(stdin=io.StringIO(), stdout=io.StringIO(""))
+    from pathlib import Path
+    p.log = Path("/nonexistent/vllm.log")
+    with pytest.raises(RuntimeError, match="died"):
+        p.run([[1]], [1])
+
+
+def test_workload_accepts_a_one_value_range(pretrained):
+    prompts, news = peer_workload(pretrained[1], num_requests=5, min_new=8, max_new=8,
+                                  min_prompt=10, max_prompt=10)
+    assert news == [8] * 5 and [len(p) for p in prompts] == [10] * 5
+
+
+def test_run_ours_passes_prefix_caching_through(pretrained, workload):
+    model = pretrained[0]
+    prompts, news = workload[0][:16], [2] * 16
+    on = run_ours(model, prompts, news, **PEER_ENGINE_ARGS)
+    off = run_ours(model, prompts, news, **PEER_ENGINE_ARGS, enable_prefix_caching=False)
+    assert on["prefix_cache_hits"] > 0 and off["prefix_cache_hits"] == 0
+    assert [o["token_ids"] for o in on["outputs"]] == [o["token_ids"] for o in off["outputs"]]
+
+
+def test_compare_runs_names_the_first_mismatch():
+    a = [_rec([1]), _rec([2]), _rec([3]), _rec([4])]
+    b = [_rec([1]), _rec([9]), _rec([9]), _rec([4])]
+    c = compare_runs(a, b)
+    assert c["first_mismatch"] == 1 and c["identical_requests"] == 2
+
+
+def test_peer_table_columns_are_ours_then_vllm():
+    rows = {r[0]: r[1:] for r in peer_table(_fake(ours=(91, 1, 416), vllm=(90, 9, 480))).rows}
+    assert rows["engine steps"] == [91, 90] and rows["preemptions"] == [1, 9]
+    assert rows["prompt tokens from the prefix cache"] == [416, 480]
+
+
+def _script():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "scripts" / "vllm_peer.py"
+    spec = importlib.util.spec_from_file_location("vllm_peer_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_script_agrees_needs_every_token_and_the_logprobs():
+    s = _script()
+    run = _fake()
+    assert s.agrees(run)
+    run["comparison"]["max_logprob_diff"] = None                 # no logprobs: no claim
+    assert not s.agrees(run)
+    run["comparison"]["max_logprob_diff"] = 2 * s.LOGPROB_ATOL
+    assert not s.agrees(run)
+    run = _fake(identical=47)
+    assert not s.agrees(run)
+
+
+def test_script_summary_columns():
+    s = _script()
+    run = _fake(ours=(91, 2, 64), vllm=(90, 9, 480))
+    run["comparison"]["identical_tokens"] = 790
+    lines = s.summary(run).splitlines()
+    assert lines[0].startswith("requests identical: 48/48, tokens 790/790")
+    assert lines[2].split() == ["tokenflow", "91", "2", "64"]
+    assert lines[3].split() == ["vLLM", "0.32.0", "90", "9", "480"]
