@@ -73,6 +73,16 @@ def test_schedules_close_to_ours_and_ours_repeats_the_stored_run(peer):
     assert peer["vllm"]["token_ids"] == stored["vllm"]["token_ids"]
 
 
+def test_workload_exercises_prefix_caching_and_chunking(peer):
+    """Shared openings give prefix-cache hits in both engines; prompts span 4..100 tokens, so
+    some are chunked under the 256-token budget when the batch is full."""
+    w = peer["workload"]
+    assert w["prompt_tokens"][0] <= 10 and w["prompt_tokens"][1] >= 90
+    assert 8 <= w["new_tokens"][0] and w["new_tokens"][1] <= 24
+    assert peer["ours"]["prefix_cache_hits"] > 0 and peer["vllm"]["prefix_cache_hits"] > 0
+    assert peer["ours"]["num_steps"] > 0 and peer["vllm"]["num_steps"] > 0
+
+
 def _wide(model: TokenFlowModel, seed: int) -> TokenFlowModel:
     """Matrices drawn with std 0.08 (clear greedy choices, no near-ties)."""
     g = torch.Generator().manual_seed(seed)
@@ -155,3 +165,32 @@ def test_missing_vllm_environment_says_what_to_do(monkeypatch, tmp_path):
     monkeypatch.setenv("TOKENFLOW_VLLM_PYTHON", str(tmp_path / "none" / "python"))
     with pytest.raises(RuntimeError, match="make vllm"):
         vllm_python()
+
+
+def _counterpart_files() -> list[str]:
+    """Every file VLLM_COUNTERPARTS names, as paths from the directory above ``vllm/`` (a
+    bare name is in the directory of the path before it)."""
+    import re
+    from tokenflow.serving.peer import VLLM_COUNTERPARTS
+    files = []
+    for *_, where in VLLM_COUNTERPARTS:
+        folder = ""
+        for name in re.findall(r"[\w/]+\.py", where):
+            if "/" in name:
+                folder = name.rsplit("/", 1)[0]
+                files.append(name)
+            else:
+                files.append(f"{folder}/{name}")
+    return files
+
+
+def test_the_counterpart_files_exist_in_vllm():
+    """Chapter 05's map from tokenflow.serving to vLLM names files a reader can open."""
+    files = _counterpart_files()
+    assert len(files) >= 12 and "vllm/v1/core/kv_cache_manager.py" in files
+    code = "import os, vllm; print(os.path.dirname(os.path.dirname(vllm.__file__)))"
+    r = subprocess.run([str(vllm_python()), "-c", code], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    root = Path(r.stdout.strip().splitlines()[-1])
+    assert [f for f in files if not (root / f).is_file()] == []
