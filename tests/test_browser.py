@@ -22,28 +22,27 @@ import threading
 from pathlib import Path
 
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "_build" / "screenshots"
+
+
+def _book_pdf():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("book_pdf", ROOT / "scripts" / "book_pdf.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+book_pdf = _book_pdf()
+A4_WIDTH_PX, PRINT_JS = book_pdf.A4_WIDTH_PX, book_pdf.PRINT_JS
+# the page list and the quiet static server are the PDF script's (one copy)
+toc_pages, _Quiet = book_pdf.toc_pages, book_pdf._Quiet
 # Boxes that must scroll (not clip) when their content is wider than they are.
 BOXES = ("div.cell_input, div.cell_output, div.cell_output .output, div.highlight, "
          "div.highlight pre, div.cell_output pre, .tf-explorer, .tf-table-wrap, "
          "mjx-container[display='true']")
-
-
-def toc_pages() -> list[str]:
-    """Every file in _toc.yml (root first), without suffix, e.g. ``notebooks/00_token_flow``."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
-    files = [toc["root"]]
-    for part in toc.get("parts", []):
-        files += [c["file"] for c in part.get("chapters", [])]
-    return files
-
-
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
 
 
 def serve(directory):
@@ -313,16 +312,7 @@ def test_solutions_hidden_until_opened(tab, server):
 # The A4 print check (scripts/book_pdf.py, which `make pdf` runs): printed on A4 with 10 mm side
 # margins the page is 190 mm = 718 CSS px wide, and in print media nothing may stick out of that
 # width or be cut by its box. tests/test_slides.py checks the handout with the same PRINT_JS.
-def _book_pdf():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("book_pdf", ROOT / "scripts" / "book_pdf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
-
-book_pdf = _book_pdf()
-A4_WIDTH_PX, PRINT_JS = book_pdf.A4_WIDTH_PX, book_pdf.PRINT_JS
 
 
 def pdf_report(path: Path) -> dict:
