@@ -28,7 +28,7 @@ pool viewed as rows of ``dim`` values, :func:`pool_rows`). The gather copies the
 per layer; real engines read the blocks inside the attention kernel instead (vLLM's
 paged-attention kernel, FlashInfer). Here readability wins: no custom kernel.
 
-**A packed step** ([F13], what the serving engine runs; nano-vllm's ``prepare_prefill`` /
+**A packed step** (what the serving engine runs; nano-vllm's ``prepare_prefill`` /
 ``prepare_decode``, vLLM's flattened batch). No row is padded: the ``n`` sequences' new
 tokens lie end to end, ``input_ids [T]`` with ``T = sum(num_new)``.
 :meth:`PagedKVCache.packed_step` turns the block tables and counts into a
