@@ -17,18 +17,26 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "tokenflow"
 
 # which top-level parts of tokenflow each part may import (itself always allowed)
+# ``validate`` (the argument checks every entry point shares) imports nothing from tokenflow
+# and every part may import it; ``explain`` (what the chapters open up) sees only the model.
 ALLOWED = {
+    "validate": set(),
     "model": set(),
+    "explain": {"model"},
     "inference": {"model"},
     "serving": {"model", "inference"},
-    "parallel": {"model", "inference", "analysis", "interop"},
-    "analysis": {"model", "inference", "serving", "parallel"},
+    "parallel": {"model", "inference", "analysis", "interop", "explain"},
+    "analysis": {"model", "inference", "serving", "parallel", "explain"},
     "interop": {"model", "tokenizer"},
     "tokenizer": set(),
     "train": {"model", "interop", "tokenizer"},
     "check": {"model", "inference", "interop", "tokenizer", "viz"},
-    "viz": {"model", "inference", "serving", "parallel", "analysis", "interop", "tokenizer"},
+    "viz": {"model", "inference", "serving", "parallel", "analysis", "interop", "tokenizer",
+            "explain"},
 }
+for _part, _allowed in ALLOWED.items():
+    if _part != "validate":
+        _allowed.add("validate")
 
 
 def module_name(path: Path) -> str:

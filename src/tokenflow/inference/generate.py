@@ -10,11 +10,11 @@ Named after gpt-fast's ``prefill`` / ``decode_one_token``.
 """
 from __future__ import annotations
 
-import numbers
 
 import torch
 
 from tokenflow.model.kv_cache import CacheStorage, KVCache
+from tokenflow.validate import boolean, integer
 from .sampling import check_sampling_args, check_token_ids, is_greedy, sample
 
 __all__ = ["prefill", "decode_step", "generate"]
@@ -66,12 +66,8 @@ def decode_step(model, token_ids: torch.Tensor, kv_cache: KVCache, trace=None) -
 def _check_stop_args(config, max_new_tokens, eos_token_id, stop_at_eos) -> tuple[int, ...]:
     """Validate generate's length and stop arguments; return the EOS ids to stop at (empty
     when not stopping)."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
-        raise TypeError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens}")
-    if not isinstance(stop_at_eos, bool):
-        raise TypeError(f"stop_at_eos must be a bool, got {stop_at_eos!r}")
+    integer("max_new_tokens", max_new_tokens, 0)
+    boolean("stop_at_eos", stop_at_eos)
     if not stop_at_eos:
         return ()
     if eos_token_id is None:

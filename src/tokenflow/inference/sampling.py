@@ -61,10 +61,10 @@ read. Which path a deployment takes depends on its build and hardware.
 """
 from __future__ import annotations
 
-import math
-import numbers
 
 import torch
+
+from tokenflow.validate import integer, number, token_id_list
 
 __all__ = ["filter_logits", "sample", "check_sampling_args", "check_token_ids",
            "apply_temperature",
@@ -96,25 +96,10 @@ def check_sampling_args(temperature: float = 1.0, top_k: int | None = None,
         TypeError: an argument is not a number (bools are rejected) or ``top_k`` is not an int.
         ValueError: an argument is NaN, infinite or outside its range.
     """
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
-        raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
-    if not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
-    if top_k is not None:
-        if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
-            raise TypeError(f"top_k must be an int >= 1 or None, got {top_k!r}")
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1 (or None to disable), got {top_k}")
-    if top_p is not None:
-        if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real):
-            raise TypeError(f"top_p must be a number in (0, 1] or None, got {top_p!r}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if min_p is not None:
-        if isinstance(min_p, bool) or not isinstance(min_p, numbers.Real):
-            raise TypeError(f"min_p must be a number in [0, 1] or None, got {min_p!r}")
-        if not 0 <= min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+    number("temperature", temperature, 0)
+    integer("top_k", top_k, 1, none=True)
+    number("top_p", top_p, 0, 1, lo_open=True, none=True)
+    number("min_p", min_p, 0, 1, none=True)
 
 
 def check_token_ids(token_ids, vocab_size: int, name: str = "eos_token_id"
@@ -140,14 +125,7 @@ def check_token_ids(token_ids, vocab_size: int, name: str = "eos_token_id"
         TypeError: not an int or a list / tuple of ints.
         ValueError: an id outside ``[0, vocab_size)``.
     """
-    many = isinstance(token_ids, (list, tuple))
-    for t in token_ids if many else (token_ids,):
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-            raise TypeError(f"{name} must be an int in [0, vocab_size) or a list of them, "
-                            f"got {token_ids!r}")
-        if not 0 <= t < vocab_size:
-            raise ValueError(f"{name} must be in [0, vocab_size={vocab_size}), got {int(t)}")
-    return tuple(int(t) for t in token_ids) if many else (int(token_ids),)
+    return token_id_list(name, token_ids, vocab_size)
 
 
 def _as_2d(logits: torch.Tensor) -> tuple[torch.Tensor, bool]:

@@ -14,6 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field, asdict
 from typing import Any
 
+from tokenflow.validate import ArgTypeError, boolean, choice, index, integer, number, token_id_list
+
 __all__ = ["ModelConfig", "PRESETS", "preset"]
 
 _SCORING = ("softmax", "sigmoid")
@@ -170,9 +172,7 @@ class ModelConfig:
         if self.head_dim is None and self.kv_lora_rank is not None:
             self.head_dim = self.qk_rope_head_dim          # HF DeepseekV3Config's convention
         if self.head_dim is None:
-            if not isinstance(self.num_attention_heads, int) or self.num_attention_heads < 1:
-                raise ValueError(
-                    f"num_attention_heads must be an int >= 1, got {self.num_attention_heads!r}")
+            integer("num_attention_heads", self.num_attention_heads, 1)
             if self.hidden_size % self.num_attention_heads != 0:
                 raise ValueError(
                     f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
@@ -190,12 +190,7 @@ class ModelConfig:
                     "first_k_dense_replace", "num_nextn_predict_layers"]
         ints_ge1.append("moe_layer_freq")
         for name in ints_ge1 + ints_ge0:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
-            lo = 1 if name in ints_ge1 else 0
-            if v < lo:
-                raise ValueError(f"{name} must be >= {lo}, got {v}")
+            integer(name, getattr(self, name), 1 if name in ints_ge1 else 0)
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ValueError(
                 f"num_key_value_heads ({self.num_key_value_heads}) must divide "
@@ -203,43 +198,30 @@ class ModelConfig:
         if self.head_dim % 2 != 0:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         if self.num_experts > 0:
-            if not 1 <= self.num_experts_per_tok <= self.num_experts:
-                raise ValueError(
-                    f"num_experts_per_tok must be in [1, num_experts={self.num_experts}], "
-                    f"got {self.num_experts_per_tok}")
+            integer("num_experts_per_tok", self.num_experts_per_tok, 1, self.num_experts,
+                    hi_name="num_experts")
             if self.num_experts % self.n_group != 0:
                 raise ValueError(
                     f"n_group ({self.n_group}) must divide num_experts ({self.num_experts})")
-            if not 1 <= self.topk_group <= self.n_group:
-                raise ValueError(
-                    f"topk_group must be in [1, n_group={self.n_group}], got {self.topk_group}")
+            integer("topk_group", self.topk_group, 1, self.n_group, hi_name="n_group")
             if self.n_group > 1 and self.topk_group * (self.num_experts // self.n_group) < \
                     self.num_experts_per_tok:
                 raise ValueError(
                     "topk_group * (num_experts // n_group) must be >= num_experts_per_tok, got "
                     f"{self.topk_group} * {self.num_experts // self.n_group} < "
                     f"{self.num_experts_per_tok}")
-        if self.scoring_func not in _SCORING:
-            raise ValueError(f"scoring_func must be one of {_SCORING}, got {self.scoring_func!r}")
-        if self.topk_method not in TOPK_METHODS:
-            raise ValueError(f"topk_method must be one of {TOPK_METHODS}, "
-                             f"got {self.topk_method!r}")
-        if self.rope_theta <= 0:
-            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
-        if self.rms_norm_eps <= 0:
-            raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        choice("scoring_func", self.scoring_func, _SCORING)
+        choice("topk_method", self.topk_method, TOPK_METHODS)
+        number("rope_theta", self.rope_theta, 0, lo_open=True)
+        number("rms_norm_eps", self.rms_norm_eps, 0, lo_open=True)
         from .ffn import ACTIVATIONS
         if not isinstance(self.hidden_act, str):
             raise TypeError(f"hidden_act must be a str, got {self.hidden_act!r}")
-        if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"hidden_act must be one of {sorted(ACTIVATIONS)}, "
-                             f"got {self.hidden_act!r}")
+        choice("hidden_act", self.hidden_act, set(ACTIVATIONS))
         self._validate_rope_scaling()
         self._validate_structure()
         for name in ("pad_token_id", "bos_token_id"):
-            v = getattr(self, name)
-            if not 0 <= v < self.vocab_size:
-                raise ValueError(f"{name} must be in [0, vocab_size={self.vocab_size}), got {v}")
+            token_id_list(name, getattr(self, name), self.vocab_size)
         self._validate_eos()
 
     def _validate_eos(self) -> None:
@@ -253,13 +235,14 @@ class ModelConfig:
             ids = eos
         else:
             ids = (eos,)
-        for v in ids:
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"eos_token_id must be an int, a tuple of ints or None, "
-                                f"got {eos!r}")
-            if not 0 <= v < self.vocab_size:
-                raise ValueError(f"eos_token_id must be in [0, vocab_size={self.vocab_size}), "
-                                 f"got {v}" + (f" in {eos!r}" if isinstance(eos, tuple) else ""))
+        try:
+            token_id_list("eos_token_id", ids, self.vocab_size)
+        except ArgTypeError:
+            raise ArgTypeError(f"eos_token_id must be an int, a tuple of ints or None, "
+                               f"got {eos!r}") from None
+        except ValueError as e:
+            raise ValueError(f"{e}" + (f" in {eos!r}" if isinstance(eos, tuple) else "")
+                             ) from None
 
     def _validate_mla(self) -> None:
         mla = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
@@ -270,9 +253,7 @@ class ModelConfig:
                                      f"{name}=None for grouped-query attention")
             return
         for name in mla + (("q_lora_rank",) if self.q_lora_rank is not None else ()):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1 for MLA, got {v!r}")
+            integer(name, getattr(self, name), 1)
         if self.qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim must be even for RoPE, got "
                              f"{self.qk_rope_head_dim}")
@@ -284,14 +265,10 @@ class ModelConfig:
     def _validate_structure(self) -> None:
         for name in ("attention_bias", "attention_out_bias", "qk_norm", "attention_sinks",
                      "gated_mlp", "mlp_bias", "router_bias", "shared_expert_gate"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+            boolean(name, getattr(self, name))
         for name, allowed in (("norm_type", _NORMS), ("position_embedding_type", _POSITIONS)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        w = self.sliding_window
-        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
-            raise ValueError(f"sliding_window must be None or an int >= 1, got {w!r}")
+            choice(name, getattr(self, name), allowed)
+        w = integer("sliding_window", self.sliding_window, 1, none=True)
         lt = self.layer_types
         if lt is not None:
             if len(lt) != self.num_hidden_layers or not set(lt) <= set(_LAYER_TYPES):
@@ -320,8 +297,7 @@ class ModelConfig:
                 raise ValueError(f"rope_scaling['{key}'] is required for rope_type "
                                  f"{s['rope_type']!r}")
         f = s.get("factor")
-        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or f < 1):
-            raise ValueError(f"rope_scaling['factor'] must be a number >= 1, got {f!r}")
+        number("rope_scaling['factor']", f, 1, none=True)
         if s["rope_type"] == "yarn" and f is None and \
                 self.max_position_embeddings < s["original_max_position_embeddings"]:
             raise ValueError("rope_scaling['factor'] is missing and max_position_embeddings < "
@@ -352,10 +328,7 @@ class ModelConfig:
         return any(self.layer_is_moe(i) for i in range(self.num_hidden_layers))
 
     def _check_layer(self, layer_idx) -> None:
-        if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or \
-                not 0 <= layer_idx < self.num_hidden_layers:
-            raise ValueError(f"layer_idx must be an int in [0, num_hidden_layers="
-                             f"{self.num_hidden_layers}), got {layer_idx!r}")
+        index("layer_idx", layer_idx, self.num_hidden_layers, "num_hidden_layers")
 
     def layer_is_moe(self, layer_idx: int) -> bool:
         """True when decoder block ``layer_idx`` uses the MoE feed-forward: ``num_experts > 0``,
@@ -480,8 +453,7 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     Raises:
         ValueError: if ``name`` is not a preset.
     """
-    if name not in PRESETS:
-        raise ValueError(f"preset name must be one of {sorted(PRESETS)}, got {name!r}")
+    choice("preset name", name, set(PRESETS))
     d = dict(PRESETS[name])
     d.update(overrides)
     return ModelConfig(**d)
