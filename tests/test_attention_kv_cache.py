@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from tokenflow import KVCache, TokenFlowModel, Trace, decode_step, prefill
-from tokenflow.model.attention import attention_mask_for, attention_steps, trace_attention_step
+from tokenflow.model.kv_cache import attention_mask_for
+from tokenflow.explain.attention import attention_steps, trace_attention_step
 from tokenflow.model.config import preset
 from tokenflow.model.kv_cache import CacheStep
 from tokenflow.analysis.costmodel import (kv_cache_bytes_per_token, mla_kv_cache_bytes_per_token,
@@ -106,7 +107,7 @@ def test_attention_steps_bad_input(make_model):
         attention_steps(attn, x, cos, sin, mask[..., :-1], cache, start)
     with pytest.raises(ValueError, match="start must be 0 without a kv_cache"):
         attention_steps(attn, x, cos, sin, mask, None, start)
-    with pytest.raises(ValueError, match="start must be an int"):
+    with pytest.raises(ValueError, match="start must be >= 0"):
         attention_steps(attn, x, cos, sin, mask, cache, -1)
 
 
@@ -648,3 +649,19 @@ def test_rotate_half_gradient_after_signs_built_in_inference_mode(monkeypatch):
     (ga,) = torch.autograd.grad(rope._rotate_half(x), x, g)
     (gb,) = torch.autograd.grad(torch.cat([-x[..., D // 2:], x[..., :D // 2]], -1), x, g)
     assert torch.equal(ga, gb) and ga.abs().sum() > 0
+
+
+def test_a_trace_leaves_the_forward_numbers_unchanged():
+    """The trace records through hooks: traced and untraced logits are bit-identical, and the
+    hooks are gone after the call."""
+    torch.manual_seed(0)
+    model = TokenFlowModel(preset("tiny")).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 5))
+    with torch.no_grad():
+        plain = model(ids)
+        t = Trace(keep_tensors=True)
+        traced = model(ids, trace=t)
+    assert torch.equal(plain, traced)
+    assert t.actions()[0] == "lookup" and t.actions()[-1] == "project vocab"
+    assert len(t.hidden_states) == model.config.num_hidden_layers + 1
+    assert not any(m._forward_hooks for m in model.modules())

@@ -168,6 +168,9 @@ def test_nothing_outside_viz_imports_viz(graph):
     ("tokenflow.inference.generate", "tokenflow.serving.engine"),    # inference -> serving
     ("tokenflow.analysis.trace", "tokenflow.viz.fmt"),               # analysis -> viz
     ("tokenflow.serving.runner", "tokenflow.interop.checkpoint"),    # serving -> interop
+    ("tokenflow.model.moe", "tokenflow.explain.moe"),                # model -> explain
+    ("tokenflow.explain.trace", "tokenflow.inference.generate"),     # explain -> inference
+    ("tokenflow.validate", "tokenflow.model.config"),                # validate -> anything
 ])
 def test_an_upward_import_is_caught(graph, src, dst):
     planted = {m: set(d) for m, d in graph.items()}
@@ -179,3 +182,18 @@ def test_a_cycle_is_caught(graph):
     planted = {m: set(d) for m, d in graph.items()}
     planted["tokenflow.interop.hf_models"].add("tokenflow.interop.hf_export")  # the old cycle
     assert ["tokenflow.interop.hf_export", "tokenflow.interop.hf_models"] in cycles(planted)
+
+
+def test_explain_sees_only_the_model(graph):
+    used = {part(d) for m, deps in graph.items() if part(m) == "explain" for d in deps}
+    assert used <= {"explain", "model", "validate"} and "model" in used
+
+
+def test_the_moved_names_keep_their_old_import_paths():
+    import importlib
+
+    import tokenflow.explain as explain
+    for module, names in explain.OLD_PATHS.items():
+        mod = importlib.import_module(module)
+        for name in names:
+            assert getattr(mod, name) is getattr(explain, name), f"{module}.{name}"

@@ -8,9 +8,9 @@ import torch
 from tokenflow import Trace, preset
 from tokenflow.analysis.costmodel import (expected_remote_fraction, moe_a2a_bytes,
                                  moe_comm_bytes_per_token, num_moe_layers, reference_config)
-from tokenflow.model.moe import (MoE, check_top_k, combine, dispatch, expert_capacity,
-                           load_stats, moe_inputs, moe_reference_loop, route, route_reference,
-                           run_experts)
+from tokenflow.model.moe import MoE, check_top_k, combine, dispatch, route, run_experts
+from tokenflow.explain.moe import (expert_capacity, load_stats, moe_inputs, moe_reference_loop,
+                                   route_reference)
 
 
 def make_moe(seed=0, **overrides) -> MoE:
@@ -339,8 +339,8 @@ def test_trace_records_are_kept():
     moe = make_moe()
     t = Trace(keep_tensors=True)
     x = torch.randn(2, 3, moe.gate.weight.shape[1])
-    with torch.no_grad():
-        moe(x, trace=t)
+    with torch.no_grad(), t.attach(moe):
+        moe(x)
     assert t.actions() == ["route top-k", "dispatch/combine"]
     assert t.events[0].out_shape == (6, 2) and t.events[1].out_shape == (2, 3, x.shape[-1])
     assert set(t.router[0]) == {"indices", "weights", "logits"}
@@ -464,9 +464,9 @@ def test_train_masks_the_router_statistics_of_its_right_padding(monkeypatch, tmp
     calls = []
     orig_forward = moe_mod.MoE.forward
 
-    def forward(self, x, trace=None, token_mask=None):
+    def forward(self, x, token_mask=None):
         calls.append(token_mask)
-        return orig_forward(self, x, trace, token_mask)
+        return orig_forward(self, x, token_mask)
 
     monkeypatch.setattr(moe_mod.MoE, "forward", forward)
     train(steps=1, batch_size=8, out_dir=tmp_path, progress=False)

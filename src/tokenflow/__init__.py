@@ -23,12 +23,14 @@ if _TORCH_PROBLEM is None:
     from .model.config import ModelConfig, PRESETS, preset
     from .model.kv_cache import KVCache
     from .serving.paged_kv_cache import PagedKVCache
-    from .analysis.trace import Trace, TraceEvent, COLORS
+    from .explain.trace import Trace, TraceEvent, COLORS
     from .model.transformer import TokenFlowModel
     from .inference.sampling import filter_logits, sample
     from .inference.generate import prefill, decode_step, generate
     from .tokenizer import Tokenizer
     from .interop.checkpoint import load_pretrained, load_model, save_model
+    from . import explain
+    explain.keep_old_paths()        # e.g. tokenflow.model.moe.load_stats, where chapters look
 else:
     def __getattr__(name):
         """Every public name needs torch: say so, naming the cause and the fix."""

@@ -23,7 +23,7 @@ from collections.abc import Collection
 import torch
 
 __all__ = ["ArgTypeError", "integer", "index", "number", "boolean", "choice", "token_id_list",
-           "token_id_tensor"]
+           "token_id_tensor", "reads_free"]
 
 
 class ArgTypeError(TypeError, ValueError):
@@ -143,10 +143,17 @@ def token_id_list(name: str, ids, vocab_size: int) -> tuple[int, ...]:
     return tuple(int(t) for t in ids) if many else (int(ids),)
 
 
+def reads_free(t: torch.Tensor) -> bool:
+    """True when reading ``t``'s values on the host costs no device synchronisation (it
+    lives in CPU memory). Checks of tensor *values* (an id range, a 0/1 mask) run only then:
+    on an accelerator each would stall the stream once per forward pass, so there the
+    kernels' own bounds checks (``nn.Embedding``'s index assert) are what catches a bad id."""
+    return t.device.type == "cpu"
+
+
 def token_id_tensor(name: str, ids, vocab_size: int, dims: int = 2) -> torch.Tensor:
     """Check an integer id tensor of ``dims`` dimensions (``[B, S]`` or ``[T]``), every size
-    >= 1 and every id in ``[0, vocab_size)``; return it. The range check reads the ids on the
-    host (one ``aminmax``): call it where ids enter, not per step.
+    >= 1 and, when :func:`reads_free`, every id in ``[0, vocab_size)``; return it.
 
     Raises:
         ArgTypeError: not an int32 / int64 tensor.
@@ -159,6 +166,8 @@ def token_id_tensor(name: str, ids, vocab_size: int, dims: int = 2) -> torch.Ten
     if ids.dim() != dims or 0 in ids.shape:
         want = "[B, S] with B, S >= 1" if dims == 2 else f"{dims} dimensions, each >= 1"
         raise ValueError(f"{name} must have shape {want}, got {list(ids.shape)}")
+    if not reads_free(ids):
+        return ids
     lo, hi = (int(t) for t in torch.aminmax(ids))                         # one pass
     if lo < 0 or hi >= vocab_size:
         raise ValueError(f"{name} must be in [0, vocab_size={vocab_size}), "

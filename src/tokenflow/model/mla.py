@@ -142,7 +142,7 @@ class MLAttention(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                step: CacheStep, kv_cache=None, trace=None) -> torch.Tensor:
+                step: CacheStep, kv_cache=None) -> torch.Tensor:
         """One attention step, as :meth:`tokenflow.model.attention.Attention.forward`.
 
         Args:
@@ -151,7 +151,6 @@ class MLAttention(nn.Module):
             step: the forward pass's :class:`~tokenflow.model.kv_cache.CacheStep`.
             kv_cache: a cache storage built for this config (stores latent and RoPE key), or
                 ``None`` (attend over the new tokens only).
-            trace: optional :class:`~tokenflow.analysis.trace.Trace`.
 
         Returns:
             ``[B,S,H]``: the attention output (to be added to the residual stream).
@@ -159,31 +158,14 @@ class MLAttention(nn.Module):
         B, S, _ = x.shape
         q_nope, q_rope = self.query(x, cos, sin)
         latent, k_rope = self.latent(x, cos, sin)
-        if trace is not None:
-            where = f"layer {self.layer_idx} attention (MLA)"
         if kv_cache is not None:
             latent, k_rope = kv_cache.update(self.layer_idx, step, latent, k_rope)
-            if trace is not None:
-                trace.record("write KV", where, x, latent, nbytes=(latent.element_size() * S
-                             * (self.r + self.dr) * B),
-                             note=f"latent + RoPE key of {S} new token(s) -> cache slots "
-                                  f"{step.start}..{step.start + S - 1}")
-        keep = trace is not None and trace.keep_tensors
-        absorb = self.absorb if self.absorb is not None else S == 1
         if isinstance(step, PackedCacheStep):   # sequences end to end: each its own context
             heads = step.attend_each(lambda *a: self.attend(*a)[0], (q_nope, q_rope),
                                      (latent, k_rope))                    # [1, nh, T, dv]
-            weights = None
         else:
-            heads, weights = self.attend(q_nope, q_rope, latent, k_rope, step.mask, keep)
-        if keep:
-            trace.attention_weights[self.layer_idx] = weights.detach()
-        out = self.o_proj(heads.transpose(1, 2).reshape(B, S, self.n_heads * self.dv))
-        if trace is not None:
-            trace.record("read KV", where, q_nope, out, nbytes=latent.nbytes + k_rope.nbytes,
-                         note=f"{'absorbed' if absorb else 'naive'} form reads latent "
-                              f"{list(latent.shape)} + RoPE key {list(k_rope.shape)}")
-        return out                                                        # [B, S, H]
+            heads, _ = self.attend(q_nope, q_rope, latent, k_rope, step.mask)
+        return self.o_proj(heads.transpose(1, 2).reshape(B, S, self.n_heads * self.dv))
 
 
 def _softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

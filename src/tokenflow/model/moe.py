@@ -29,7 +29,8 @@ Shared experts (DeepSeekMoE) see every token and are added unweighted.
 
 Ways to run the routed experts, proven equal by the tests:
 
-* :func:`moe_reference_loop`: the obvious way, token by token, expert by expert.
+* :func:`tokenflow.explain.moe.moe_reference_loop`: the obvious way, token by token, expert
+  by expert.
 * :meth:`MoE.dispatch_combine` = :func:`dispatch` -> :func:`run_experts` -> :func:`combine`:
   sort the ``P`` pairs by expert, run each expert once on its block of rows, scatter-add back.
   The same grouping is what expert parallelism sends over all-to-all
@@ -45,21 +46,19 @@ numbers (the same products, added in the same order).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from fractions import Fraction
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenflow.validate import integer
 from .config import TOPK_METHODS, ModelConfig
 from .ffn import FFN, activation
 from .fused import PackedWeights, linear_weights, packed_rows
 
-__all__ = ["Router", "MoE", "route", "route_reference", "check_top_k", "Dispatch", "dispatch",
-           "run_experts", "combine", "moe_reference_loop", "expert_capacity", "load_stats",
-           "switch_balance_loss", "moe_inputs"]
+__all__ = ["Router", "MoE", "route", "check_top_k", "Dispatch", "dispatch", "run_experts",
+           "combine", "switch_balance_loss"]
 
 _SCORING = ("softmax", "sigmoid")
 # Grouped matrix product (torch >= 2.10 public; older: the private op; None: not available).
@@ -73,14 +72,8 @@ def check_top_k(top_k, num_experts, name: str = "top_k") -> None:
 
     ``name`` is the argument name used in the message (e.g. ``num_experts_per_tok``).
     """
-    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
-        raise ValueError(f"num_experts must be an int >= 1, got {num_experts!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int):
-        raise ValueError(f"{name} must be an int, got {type(top_k).__name__} {top_k!r}")
-    if not 1 <= top_k <= num_experts:
-        raise ValueError(f"{name} must be in [1, num_experts={num_experts}], got {top_k}"
-                         + (" (a token cannot go to more experts than exist)"
-                            if top_k > num_experts else ""))
+    integer("num_experts", num_experts, 1)
+    integer(name, top_k, 1, num_experts, hi_name="num_experts")
 
 
 def _check_groups(num_experts: int, top_k: int, n_group: int, topk_group: int) -> None:
@@ -212,55 +205,6 @@ class Router(nn.Module):
                      routed_scaling_factor=self.routed_scaling_factor, n_group=self.n_group,
                      topk_group=self.topk_group, topk_method=self.topk_method,
                      bias=self.e_score_correction_bias if self.scoring_func == "sigmoid" else None)
-
-
-def route_reference(router: Router, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The router written the obvious way: one token at a time, experts chosen by Python's
-    ``sorted`` on ``(-score, expert)``. Slow; used by the tests and the chapter to check
-    :func:`route`.
-
-    Args:
-        router: a :class:`Router`.
-        x: ``[T, H]``.
-
-    Returns:
-        ``(indices [T,K] int64, weights [T,K] float32)``.
-
-    Raises:
-        ValueError: if ``x`` is not ``[T, H]`` or ``router.top_k`` is outside ``[1, E]``.
-    """
-    if x.dim() != 2 or x.shape[1] != router.weight.shape[1]:
-        raise ValueError(f"x must have shape [T, H={router.weight.shape[1]}], got {list(x.shape)}")
-    E, K = router.weight.shape[0], router.top_k
-    check_top_k(K, E)
-    G = router.n_group
-    per_group = E // G
-    all_idx, all_w = [], []
-    for t in range(x.shape[0]):
-        logits = (x[t:t + 1].float() @ router.weight.float().t())[0]           # [E]
-        if router.scoring_func == "softmax":
-            scores = logits.softmax(-1).tolist()
-            choice = list(scores)
-        else:
-            scores = logits.sigmoid().tolist()
-            bias = router.e_score_correction_bias.float().tolist()
-            choice = [s + b for s, b in zip(scores, bias)]
-        allowed = list(range(E))
-        if G > 1 and router.topk_method != "greedy":
-            best = 2 if router.topk_method == "noaux_tc" else 1
-            group_score = [sum(sorted(choice[g * per_group:(g + 1) * per_group],
-                                      reverse=True)[:best]) for g in range(G)]
-            best_groups = sorted(range(G), key=lambda g: (-group_score[g], g))[:router.topk_group]
-            allowed = [e for e in range(E) if e // per_group in best_groups]
-        chosen = sorted(allowed, key=lambda e: (-choice[e], e))[:K]
-        w = [scores[e] for e in chosen]                                         # unbiased
-        if router.norm_topk_prob:
-            total = sum(w)
-            w = [v / (total + 1e-20) for v in w]
-        all_idx.append(chosen)
-        all_w.append([v * router.routed_scaling_factor for v in w])
-    return (torch.tensor(all_idx, dtype=torch.int64).view(-1, K),
-            torch.tensor(all_w, dtype=torch.float32).view(-1, K))
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -518,169 +462,43 @@ class MoE(PackedWeights, nn.Module):
             return self.one_token_experts(x, indices, weights)
         return self.grouped_experts(x, indices, weights)
 
-    def forward(self, x: torch.Tensor, trace=None,
-                token_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """``x [B,S,H] -> [B,S,H]``; records ``route top-k`` and ``dispatch/combine``.
+    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [B,S,H] -> [B,S,H]``.
 
         In training mode it also sets ``self.aux_loss`` (:func:`switch_balance_loss`) from
         the router statistics of the real tokens only.
 
         Args:
             x: ``[B,S,H]`` the post-attention RMSNorm of the residual stream.
-            trace: an optional :class:`~tokenflow.trace.Trace`.
             token_mask: ``[B,S]`` 1 (or True) for real tokens, 0 for padding, in any place
                 (left or right); ``None``: all real. Only the auxiliary loss reads it (every
                 token is still routed and computed, as padding is in a real batch).
 
         Raises:
-            ValueError: ``x`` not ``[B, S, H]`` with ``H = hidden_size``; ``token_mask`` not
-                ``[B, S]`` of 0/1; from :func:`route` (e.g. ``gate.top_k`` changed to more
-                than ``E``).
+            ValueError: in training mode, ``token_mask`` not ``[B, S]`` of 0/1; from
+                :func:`route` (e.g. ``gate.top_k`` changed to more than ``E``).
         """
-        H = self.gate.weight.shape[1]
-        if x.dim() != 3 or x.shape[2] != H:
-            raise ValueError(f"x must have shape [B, S, H={H}], got {list(x.shape)}")
-        B, S, _ = x.shape
-        if token_mask is not None and (not isinstance(token_mask, torch.Tensor)
-                                       or tuple(token_mask.shape) != (B, S)):
-            got = (list(token_mask.shape) if isinstance(token_mask, torch.Tensor)
-                   else type(token_mask).__name__)
-            raise ValueError(f"token_mask must be a [B, S] = [{B}, {S}] tensor, got {got}")
+        B, S, H = x.shape
         flat = x.reshape(B * S, H)                                        # [T, H]
         indices, weights, logits = self.gate(flat)                        # [T, K] x2, [T, E]
         if self.training:
+            _check_token_mask(token_mask, B, S)
             self.aux_loss = switch_balance_loss(
                 logits, indices, self.num_experts,
                 None if token_mask is None else token_mask.reshape(B * S))
         out = self.routed_experts(flat, indices, weights)                 # [T, H]
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
-        out = out.view(B, S, H)
-        if trace is not None:
-            self._record(trace, flat, out, indices, weights, logits)
-        return out
-
-    def _record(self, trace, flat, out, indices, weights, logits) -> None:
-        where = f"layer {self.layer_idx} MoE"
-        K = indices.shape[1]
-        trace.record("route top-k", where, flat, indices,
-                     note=f"{K} of {self.num_experts} experts per token")
-        trace.record("dispatch/combine", where, flat, out,
-                     note=f"{flat.shape[0] * K} (token, expert) pairs, weighted sum back")
-        if trace.keep_tensors:
-            trace.router[self.layer_idx] = {"indices": indices.detach(),
-                                            "weights": weights.detach(),
-                                            "logits": logits.detach()}
+        return out.view(B, S, H)
 
 
-def moe_reference_loop(moe: MoE, x: torch.Tensor, indices: torch.Tensor | None = None,
-                       weights: torch.Tensor | None = None) -> torch.Tensor:
-    """The obvious way to run an MoE layer: for each token, for each of its K experts,
-    ``out[t] += w[t,k] * expert(x[t])``; then add the shared experts.
-
-    Args:
-        moe: an :class:`MoE`.
-        x: ``[T, H]`` or ``[B, S, H]``.
-        indices, weights: ``[T, K]`` router choices; if omitted they come from
-            :func:`route_reference` (so routing is checked too).
-
-    Returns:
-        the MoE output, shaped like ``x``.
-
-    Raises:
-        ValueError: if ``x`` is not ``[..., H]`` or only one of ``indices`` / ``weights`` is given.
-    """
-    H = moe.gate.weight.shape[1]
-    if x.dim() not in (2, 3) or x.shape[-1] != H:
-        raise ValueError(f"x must have shape [T, H] or [B, S, H] with H={H}, got {list(x.shape)}")
-    if (indices is None) != (weights is None):
-        raise ValueError("give both indices and weights, or neither")
-    flat = x.reshape(-1, H)                                               # [T, H]
-    if indices is None:
-        indices, weights = route_reference(moe.gate, flat)                # [T, K] x2
-    out = torch.zeros_like(flat)                                          # [T, H]
-    for t in range(flat.shape[0]):
-        for k in range(indices.shape[1]):
-            e = int(indices[t, k])
-            out[t] += weights[t, k].to(flat.dtype) * moe.experts[e](flat[t])   # [H]
-        if moe.shared_experts is not None:
-            out[t] += moe.shared_experts(flat[t])                         # [H]
-    return out.view_as(x)
-
-
-# ----------------------------------------------------------------------------- load
-def expert_capacity(num_tokens: int, num_experts: int, top_k: int,
-                    capacity_factor: float = 1.0) -> int:
-    """Rows an expert accepts in a capacity-limited MoE:
-    ``ceil(capacity_factor * num_tokens * top_k / num_experts)``.
-
-    GShard (arXiv:2006.16668) and Switch Transformer (arXiv:2101.03961, section
-    2.2: "expert capacity = tokens per batch / number of experts x capacity factor") drop the
-    pairs beyond it; DeepSeek-V3 drops none (arXiv:2412.19437, section 2.1.2, "No
-    Token-Dropping"), so there it is only a yardstick for imbalance.
-
-    Raises:
-        ValueError: ``num_tokens < 0``, bad ``top_k`` / ``num_experts``, ``capacity_factor <= 0``.
-    """
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-        raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
-    check_top_k(top_k, num_experts)
-    if not capacity_factor > 0:
-        raise ValueError(f"capacity_factor must be > 0, got {capacity_factor!r}")
-    exact = Fraction(str(capacity_factor)) * num_tokens * top_k / num_experts   # no 2.0000001
-    return math.ceil(exact)
-
-
-def load_stats(indices: torch.Tensor, num_experts: int,
-               capacity_factor: float | None = None) -> dict:
-    """Tokens per expert and load imbalance for router choices ``indices [T,K]``.
-
-    Returns:
-        dict with
-
-        * ``counts`` ``[E]`` int64: (token, expert) pairs each expert received;
-        * ``fraction`` ``[E]``: share of the ``T*K`` pairs;
-        * ``mean``: ``T*K/E``, the count of a perfectly balanced expert;
-        * ``imbalance``: max count / mean count (1.0 is perfectly even; ``imbalance - 1`` is
-          the "MaxVio" of the auxiliary-loss-free balancing paper, arXiv:2408.15664);
-        * ``cv``: standard deviation / mean of the counts;
-        * with ``capacity_factor``: ``capacity`` (:func:`expert_capacity`), ``capacity_used``
-          ``[E]`` (count / capacity), ``overflow`` ``[E]`` (pairs beyond capacity),
-          ``dropped`` (their total) and ``dropped_fraction`` (of ``T*K``): what a
-          capacity-limited MoE (GShard / Switch) would drop.
-
-    Raises:
-        ValueError: ``indices`` not ``[T, K]``, ``num_experts < 1``, an index outside
-            ``[0, num_experts)``, ``K > num_experts`` or ``capacity_factor <= 0``.
-    """
-    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
-        raise ValueError(f"num_experts must be an int >= 1, got {num_experts!r}")
-    if indices.dim() != 2:
-        raise ValueError(f"indices must have shape [T, K], got {list(indices.shape)}")
-    T, K = indices.shape
-    if K > num_experts:
-        raise ValueError(f"indices has K={K} columns but num_experts={num_experts}: "
-                         f"top_k must be in [1, num_experts]")
-    if indices.numel() and (indices.min() < 0 or indices.max() >= num_experts):
-        raise ValueError(f"indices must be in [0, num_experts={num_experts})")
-    counts = torch.bincount(indices.reshape(-1), minlength=num_experts)   # [E]
-    total = T * K
-    mean = total / num_experts
-    cf = counts.float()
-    out = {"counts": counts,
-           "fraction": cf / max(total, 1),
-           "mean": mean,
-           "imbalance": int(counts.max()) / mean if total else 1.0,
-           "cv": float(cf.std(correction=0) / mean) if total else 0.0}
-    if capacity_factor is not None:
-        cap = expert_capacity(T, num_experts, max(K, 1), capacity_factor) if K else 0
-        overflow = (counts - cap).clamp(min=0)
-        out.update(capacity=cap,
-                   capacity_used=cf / max(cap, 1),
-                   overflow=overflow,
-                   dropped=int(overflow.sum()),
-                   dropped_fraction=float(overflow.sum()) / max(total, 1))
-    return out
+def _check_token_mask(token_mask, B: int, S: int) -> None:
+    """The training-only check of the load-balancing loss's ``token_mask``: ``[B, S]``."""
+    if token_mask is not None and (not isinstance(token_mask, torch.Tensor)
+                                   or tuple(token_mask.shape) != (B, S)):
+        got = (list(token_mask.shape) if isinstance(token_mask, torch.Tensor)
+               else type(token_mask).__name__)
+        raise ValueError(f"token_mask must be a [B, S] = [{B}, {S}] tensor, got {got}")
 
 
 def switch_balance_loss(logits: torch.Tensor, indices: torch.Tensor, num_experts: int,
@@ -721,38 +539,3 @@ def switch_balance_loss(logits: torch.Tensor, indices: torch.Tensor, num_experts
     return num_experts * (f * P).sum()
 
 
-# ----------------------------------------------------------------------------- helpers
-@torch.no_grad()
-def moe_inputs(model, input_ids: torch.Tensor, layer_idx: int
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run ``model`` on ``input_ids`` and capture what MoE layer ``layer_idx`` received and
-    returned (its input is the post-attention RMSNorm of the residual stream).
-
-    Args:
-        model: a :class:`~tokenflow.model.transformer.TokenFlowModel`.
-        input_ids: ``[B, S]``.
-        layer_idx: a layer whose ``mlp`` is an :class:`MoE`.
-
-    Returns:
-        ``(x [B,S,H], out [B,S,H])``.
-
-    Raises:
-        ValueError: if ``layer_idx`` is out of range or that layer is dense.
-    """
-    n = len(model.layers)
-    if not 0 <= layer_idx < n:
-        raise ValueError(f"layer_idx must be in [0, {n}), got {layer_idx}")
-    mlp = model.layers[layer_idx].mlp
-    if not isinstance(mlp, MoE):
-        raise ValueError(f"layer_idx {layer_idx} is a dense FFN layer, not MoE")
-    seen = {}
-
-    def hook(module, args, output):
-        seen["x"], seen["out"] = args[0].detach(), output.detach()
-
-    handle = mlp.register_forward_hook(hook)
-    try:
-        model(input_ids)
-    finally:
-        handle.remove()
-    return seen["x"], seen["out"]

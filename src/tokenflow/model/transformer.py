@@ -28,6 +28,7 @@ from .mla import MLAttention
 from .moe import MoE
 from .norm import RMSNorm
 from .rope import RotaryEmbedding
+from tokenflow.validate import reads_free, token_id_tensor
 
 __all__ = ["RMSNorm", "DecoderBlock", "TokenFlowModel"]
 
@@ -50,20 +51,15 @@ class DecoderBlock(nn.Module):
         self.mlp = MoE(config, layer_idx) if self.is_moe else FFN(
             config.hidden_size, config.intermediate_size, config.hidden_act)
 
-    def forward(self, h, cos, sin, step, kv_cache=None, trace=None, token_mask=None):
+    def forward(self, h, cos, sin, step, kv_cache=None, token_mask=None):
         """``h [B,S,H] -> [B,S,H]`` (the residual stream after this block); ``step`` is the
         pass's :class:`~tokenflow.model.kv_cache.CacheStep`; ``token_mask [B,S]`` (1 real, 0
         padding, or ``None``) goes to the MoE's router statistics."""
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, step, kv_cache, trace)
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, step, kv_cache)
         x = self.post_attention_layernorm(h)
         if self.is_moe:
-            return h + self.mlp(x, trace, token_mask)
-        out = self.mlp(x)
-        if trace is not None:
-            act = self.mlp.hidden_act
-            trace.record("FFN", f"layer {self.layer_idx} FFN", x, out,
-                         note="dense SwiGLU" if act == "silu" else f"dense gated FFN ({act})")
-        return h + out
+            return h + self.mlp(x, token_mask)
+        return h + self.mlp(x)
 
 
 class TokenFlowModel(nn.Module):
@@ -101,18 +97,7 @@ class TokenFlowModel(nn.Module):
     # ----------------------------------------------------------------- checks
     def _check_inputs(self, input_ids, kv_cache, attention_mask):
         c = self.config
-        if not isinstance(input_ids, torch.Tensor):
-            raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
-        if input_ids.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"input_ids must be an integer tensor (int64), got {input_ids.dtype}")
-        if input_ids.dim() != 2 or input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
-            raise ValueError(f"input_ids must have shape [B, S] with B, S >= 1, "
-                             f"got {list(input_ids.shape)}")
-        lo, hi = (int(t) for t in torch.aminmax(input_ids))                # one pass
-        if lo < 0 or hi >= c.vocab_size:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"input_ids must be in [0, vocab_size={c.vocab_size}), "
-                             f"found token id {bad}")
+        token_id_tensor("input_ids", input_ids, c.vocab_size)
         if kv_cache is not None:
             if not isinstance(kv_cache, CacheStorage):
                 raise TypeError(f"kv_cache must be a KVCache (a CacheStorage) or None, "
@@ -138,6 +123,8 @@ class TokenFlowModel(nn.Module):
         if mask.is_floating_point() or mask.is_complex():
             raise TypeError(f"attention_mask must be an integer or bool tensor of 0/1, "
                             f"got {mask.dtype}")
+        if not reads_free(mask):      # the value checks below would wait for the device
+            return
         m = mask.long()
         if ((m != 0) & (m != 1)).any():
             raise ValueError("attention_mask values must be 0 (left padding) or 1 (real token)")
@@ -166,7 +153,8 @@ class TokenFlowModel(nn.Module):
                 reads all of them (prefill: empty cache and the whole prompt; decode:
                 ``S == 1``; chunked prefill: the prompt in pieces, one call each).
                 ``None``: no cache, attend within ``input_ids``.
-            trace: an optional :class:`~tokenflow.analysis.trace.Trace` that records arrow actions.
+            trace: an optional :class:`~tokenflow.explain.trace.Trace` that records the arrow
+                actions (through forward hooks it attaches for this call: ``trace.attach``).
             attention_mask: ``[B,S]`` 1 for real tokens, 0 for left padding (default all 1).
                 RoPE positions count from each row's first real token.
             logits_to_keep: if > 0, compute logits only for the last that many positions.
@@ -185,6 +173,10 @@ class TokenFlowModel(nn.Module):
                 cache of another dtype, device or model (naming both); ``token_mask`` not
                 ``[B,S]`` of 0/1 or without a real token (in training mode).
         """
+        if trace is not None:                    # records through hooks, for this call only
+            with trace.attach(self):
+                return self.forward(input_ids, kv_cache, None, attention_mask, logits_to_keep,
+                                    token_mask)
         self._check_inputs(input_ids, kv_cache, attention_mask)
         if token_mask is None:
             token_mask = attention_mask
@@ -196,25 +188,12 @@ class TokenFlowModel(nn.Module):
         cos, sin = self.rotary(step.positions)                              # [B, 1, S, D]
 
         h = self.embed_tokens(input_ids)                                    # [B, S, H]
-        if trace is not None:
-            trace.record("lookup", "embedding", input_ids, h,
-                         note=f"[B,S] -> [B,S,H]: row id of table [{self.config.vocab_size}, "
-                              f"{self.config.hidden_size}]")
-            if trace.keep_tensors:
-                trace.hidden_states.append(h.detach())
         for layer in self.layers:
-            h = layer(h, cos, sin, step, kv_cache, trace, token_mask)       # [B, S, H]
-            if trace is not None and trace.keep_tensors:
-                trace.hidden_states.append(h.detach())
+            h = layer(h, cos, sin, step, kv_cache, token_mask)              # [B, S, H]
         if logits_to_keep > 0:
             h = h[:, -logits_to_keep:]
         h = self.norm(h)                                                    # [B, S, H]
-        logits = self.lm_head(h)                                            # [B, S, V]
-        if trace is not None:
-            trace.record("project vocab", "LM head", h, logits,
-                         note=f"[H] -> [V]: one score per vocabulary entry "
-                              f"({self.config.vocab_size:,})")
-        return logits
+        return self.lm_head(h)                                              # [B, S, V]
 
     def forward_packed(self, input_ids: torch.Tensor, step: PackedCacheStep,
                        kv_cache: CacheStorage, logits_indices: torch.Tensor) -> torch.Tensor:
@@ -247,17 +226,10 @@ class TokenFlowModel(nn.Module):
         if not isinstance(step, PackedCacheStep) or not isinstance(kv_cache, CacheStorage):
             raise TypeError("forward_packed needs a PackedCacheStep and the cache storage "
                             "that made it (e.g. PagedKVCache.packed_step(...))")
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int64,
-                                                                              torch.int32):
-            raise TypeError(f"input_ids must be an integer tensor (int64), got "
-                            f"{getattr(input_ids, 'dtype', type(input_ids).__name__)}")
-        if input_ids.dim() != 1 or input_ids.shape[0] != step.num_tokens:
+        token_id_tensor("input_ids", input_ids, self.config.vocab_size, dims=1)
+        if input_ids.shape[0] != step.num_tokens:
             raise ValueError(f"input_ids must have shape [T={step.num_tokens}], got "
                              f"{list(input_ids.shape)}")
-        lo, hi = (int(t) for t in torch.aminmax(input_ids))
-        if lo < 0 or hi >= self.config.vocab_size:
-            raise ValueError(f"input_ids must be in [0, vocab_size={self.config.vocab_size}), "
-                             f"found token id {lo if lo < 0 else hi}")
         last = max(step.seqlens_k) - 1           # the largest position (from ints: no .item())
         if last >= self.config.max_position_embeddings:
             raise ValueError(f"a sequence reaches position {last} >= "
