@@ -197,3 +197,23 @@ def test_the_moved_names_keep_their_old_import_paths():
         mod = importlib.import_module(module)
         for name in names:
             assert getattr(mod, name) is getattr(explain, name), f"{module}.{name}"
+
+
+def test_viz_exports_every_name_the_chapters_import_from_it():
+    """``tokenflow.viz.__all__`` is derived from its imports; every name a notebook imports
+    from ``tokenflow.viz`` is in it, and it names no submodule."""
+    import json
+    import re
+    import types
+
+    import tokenflow.viz as viz
+    used = set()
+    for nb in (SRC.parents[1] / "notebooks").glob("*.ipynb"):
+        for cell in json.loads(nb.read_text(encoding="utf-8"))["cells"]:
+            src = "".join(cell["source"])
+            for m in re.finditer(r"from tokenflow\.viz import (\([^)]*\)|[^\n;#]*)", src):
+                used |= {n for n in re.split(r"[(),\s]+", re.sub(r"#.*", "", m.group(1)))
+                         if n.isidentifier()}
+    assert used and used <= set(viz.__all__), sorted(used - set(viz.__all__))
+    assert not [n for n in viz.__all__ if isinstance(getattr(viz, n), types.ModuleType)]
+    assert len(viz.__all__) == len(set(viz.__all__)) >= 119

@@ -76,3 +76,10 @@ def test_token_ids_at_the_vocabulary_edges():
         token_id_tensor("input_ids", ids.float(), 10)
     with pytest.raises(ValueError, match=r"shape \[B, S\]"):
         token_id_tensor("input_ids", torch.zeros(1, 0, dtype=torch.long), 10)
+
+
+def test_integer_says_why_an_upper_bound_exists_only_above_it():
+    with pytest.raises(ValueError, match=r"got 5 \(no more experts than exist\)$"):
+        integer("k", 5, 1, 4, above="no more experts than exist")
+    with pytest.raises(ValueError, match=r"got 0$"):
+        integer("k", 0, 1, 4, above="no more experts than exist")

@@ -45,10 +45,11 @@ def _range(lo, hi, hi_name: str | None, lo_open: bool = False, hi_open: bool = F
 
 
 def integer(name: str, v, lo: int | None = None, hi: int | None = None, *,
-            none: bool = False, hi_name: str | None = None) -> int | None:
+            none: bool = False, hi_name: str | None = None, above: str = "") -> int | None:
     """``v`` as a plain int in ``[lo, hi]`` (either bound optional; numpy integers accepted;
     bools, floats and strings refused). ``none=True`` lets ``None`` through; ``hi_name``
-    names the upper bound in the message (``top_k must be in [1, num_experts=4]``).
+    names the upper bound in the message (``top_k must be in [1, num_experts=4]``); ``above``
+    is added to it, in parentheses, when ``v > hi`` (why the bound exists).
 
     Raises:
         ArgTypeError: ``v`` is not an int.
@@ -60,7 +61,8 @@ def integer(name: str, v, lo: int | None = None, hi: int | None = None, *,
         raise ArgTypeError(f"{name} must be an int{' or None' if none else ''}, "
                            f"got {type(v).__name__} {v!r}")
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise ValueError(f"{name} must be {_range(lo, hi, hi_name)}, got {int(v)}")
+        why = f" ({above})" if above and hi is not None and v > hi else ""
+        raise ValueError(f"{name} must be {_range(lo, hi, hi_name)}, got {int(v)}{why}")
     return int(v)
 
 

@@ -73,7 +73,8 @@ def check_top_k(top_k, num_experts, name: str = "top_k") -> None:
     ``name`` is the argument name used in the message (e.g. ``num_experts_per_tok``).
     """
     integer("num_experts", num_experts, 1)
-    integer(name, top_k, 1, num_experts, hi_name="num_experts")
+    integer(name, top_k, 1, num_experts, hi_name="num_experts",
+            above="a token cannot go to more experts than exist")
 
 
 def _check_groups(num_experts: int, top_k: int, n_group: int, topk_group: int) -> None:

@@ -27,6 +27,8 @@ Layering (checked by ``tests/test_layering.py``): nothing outside this package i
 it imports the model, inference, serving, parallel and analysis code it draws. matplotlib
 and ipywidgets load with it.
 """
+from types import ModuleType as _ModuleType
+
 from .fmt import (display_width, pad, format_bytes, say, Table, agree, Agreement)
 from .static import (precomputed_explorer, PrecomputedExplorer, MAX_OUTPUTS, MAX_HTML_BYTES)
 from .style import (setup_notebook, use_book_font)
@@ -63,36 +65,6 @@ from .roofline import (lens_bars, roofline_summary, roofline_bars, roofline_pane
                        roofline_explorer, roofline_table, roofline_static)
 from .recap import line_figure
 
-__all__ = ["display_width", "pad", "format_bytes", "say", "Table", "agree", "Agreement",
-           "precomputed_explorer",
-           "PrecomputedExplorer", "MAX_OUTPUTS", "MAX_HTML_BYTES", "setup_notebook",
-           "use_book_font",
-           "DIAGRAM_PATH", "TRACE_NODE", "Edge", "Diagram", "parse_mermaid", "load_diagram",
-           "token_flow_diagram", "node_of", "diagram_trace_table", "trace_decode_step",
-           "topk_bar", "hidden_state_heatmap", "residual_stream_plot", "shape_flow",
-           "shape_controls", "tensor_table", "hidden_state_sizes", "size_table",
-           "hidden_size_explorer", "residual_stream_summary", "residual_stream_explorer",
-           "hidden_size_static", "residual_stream_table", "residual_stream_static",
-           "attention_context_plot", "attention_head_heatmap", "kv_cache_growth_plot",
-           "cache_per_sequence_plot", "kv_cache_summary", "kv_cache_explorer",
-           "attention_explorer", "attention_static", "kv_cache_static", "kv_per_token_view",
-           "moe_flow_diagram", "routing_heatmap", "dispatch_combine_diagram", "expert_load_bar",
-           "traffic_heatmap", "routing_load_plot", "moe_comm_bars", "moe_routing_summary",
-           "moe_routing_explorer", "prob_text", "moe_routing_static", "vocab_scores",
-           "temperature_curves", "sampling_bars", "frequency_bars", "sampling_panel",
-           "sampling_controls", "sampling_explorer", "sampling_static", "phase_times_plot",
-           "decode_batch_plot", "arithmetic_intensity_plot", "serving_timeline",
-           "batch_composition_plot", "batching_comparison_plot", "serving_counts",
-           "serving_panel", "serving_explorer", "timeline_table", "timeline_view",
-           "serving_summary_table", "serving_static", "step_layout", "packed_step_figure",
-           "mark_preemptions", "logit_lens_heatmap", "logit_lens_topk",
-           "logit_lens_explorer", "logit_lens_static", "decode_trace_summary",
-           "decode_trace_explorer", "trace_table", "TRACE_SHAPES_WHERE", "trace_shapes_table",
-           "trace_shapes_static", "decode_trace_static", "lens_bars", "roofline_summary",
-           "roofline_bars", "roofline_panel", "roofline_explorer", "roofline_table",
-           "roofline_static", "line_figure", "logit_lens_by_depth", "WEIGHT_PARTS",
-           "step_bytes_table", "COLOUR_NAMES", "arrow_actions_table", "workload_summary",
-           "step_table", "batching_table", "batching_times_table", "packing_table",
-           "packing_summary", "preemption_report", "peer_table", "peer_summary",
-           "counterparts_table", "logit_lens_summary", "logit_lens_compare",
-           "logit_lens_answers"]
+# every name imported above, none of the submodules
+__all__ = sorted(_n for _n, _v in globals().items()
+                 if not _n.startswith("_") and not isinstance(_v, _ModuleType))
