@@ -1,4 +1,5 @@
-"""Print the code-size table for ``src/tokenflow`` (or another source folder), measured with ``ast``.
+"""Print the code-size table of ``src/tokenflow`` (or another source folder), measured with
+``ast``.
 
     python scripts/code_metrics.py [SRC]
 

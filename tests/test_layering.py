@@ -1,9 +1,10 @@
-"""The package's layering, read from the code's own imports (DESIGN.md section 2).
+"""The package's layering, read from the code's own imports (ARCHITECTURE.md, section 1).
 
     viz                                    draws; nothing else imports it
     analysis  serving  parallel  interop   measure, serve, split, convert
-    inference                              generate / sampling / phases
+    inference  explain                     generate / sampling / phases; what chapters open up
     model                                  what a token passes through
+    validate                               the argument checks every part shares
 
 Every ``import`` and ``from ... import`` counts, module level or inside a function, since a
 lazy import is still a dependency. The rules are checked on the real graph, and each rule is

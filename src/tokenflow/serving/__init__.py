@@ -3,7 +3,7 @@
 request.py (what a request asks and gets) -> block_manager.py (which KV block holds which
 tokens) -> scheduler.py (who computes what this step) -> runner.py (model calls) ->
 sampler.py (each request's next token, logprobs, errors) -> engine.py (the loop and its
-metrics). See DESIGN.md section 5.
+metrics). See ARCHITECTURE.md, section 3.
 """
 from .request import Request, RequestOutput, RequestStatus, SamplingParams
 from .block_manager import Block, BlockManager, chain_hash
