@@ -1,8 +1,8 @@
 """The paged KV cache: the storage of the serving engine, behind the same interface.
 
-**The interface** is :mod:`tokenflow.model.kv_cache`'s (ARCHITECTURE.md, section 2): the model
-asks the cache for a :class:`~tokenflow.model.kv_cache.CacheStep` once per forward pass
-(``begin_step``) and each attention layer makes one ``update(layer, step, *entries)`` call, which writes the new
+**The interface** is :mod:`tokenflow.model.kv_cache`'s (ARCHITECTURE.md): the model asks the
+cache for a :class:`~tokenflow.model.kv_cache.CacheStep` once per forward pass (``begin_step``) and
+each attention layer makes one ``update(layer, step, *entries)`` call, which writes the new
 tokens' entries and returns the entries to attend over, ``[B, heads, L, dim]`` each. The
 entries are those of :func:`~tokenflow.model.kv_cache.cache_entries` (GQA ``k``, ``v``; MLA
 ``latent``, ``k_rope``), so attention (:mod:`tokenflow.model.attention`, :mod:`tokenflow.model.mla`)
