@@ -98,7 +98,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 16,
             every row has.
         stop_at_eos: set False to ignore end-of-sequence and always add
             ``max_new_tokens`` tokens.
-        trace: optional :class:`~tokenflow.analysis.trace.Trace` (records every forward and
+        trace: optional :class:`~tokenflow.explain.trace.Trace` (records every forward and
             ``sample``).
 
     Returns:

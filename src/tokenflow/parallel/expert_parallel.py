@@ -50,7 +50,8 @@ import torch
 import torch.distributed as dist
 
 from tokenflow.model.config import ModelConfig, preset
-from tokenflow.model.moe import MoE, check_top_k, combine, dispatch, load_stats, route, run_experts
+from tokenflow.explain.moe import load_stats
+from tokenflow.model.moe import MoE, check_top_k, combine, dispatch, route, run_experts
 
 __all__ = ["expert_owner", "ExpertShard", "EPRankStats", "EPResult", "ep_forward",
            "run_expert_parallel", "start_worker_server", "traffic_matrix", "simulate_routing",
@@ -536,7 +537,7 @@ def simulate_routing(num_experts: int = 8, top_k: int = 2, batch_size: int = 1,
 
     Returns:
         dict: ``tokens``, ``counts`` (``[E]`` list), ``imbalance``, ``capacity``, ``dropped``
-        (from :func:`tokenflow.model.moe.load_stats`), ``traffic`` (``[W, W]`` list),
+        (from :func:`tokenflow.explain.moe.load_stats`), ``traffic`` (``[W, W]`` list),
         ``local_pairs``, ``remote_pairs``, ``dispatch_bytes`` and ``combine_bytes`` (all ranks
         together), ``uniform_bytes`` (what uniform routing would send per direction).
 
