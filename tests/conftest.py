@@ -7,7 +7,9 @@ import os
 import pytest
 import torch
 
-from tokenflow import TokenFlowModel, load_pretrained, preset
+from tokenflow import load_pretrained
+
+from helpers import random_model
 
 torch.set_num_threads(1)
 
@@ -76,26 +78,6 @@ def pytest_collection_modifyitems(config, items):
 def pretrained():
     """(model, tokenizer) of the shipped tiny model, eval mode."""
     return load_pretrained()
-
-
-def random_model(seed: int = 0, **overrides) -> TokenFlowModel:
-    """An untrained model of the tiny preset with some fields changed, eval mode."""
-    torch.manual_seed(seed)
-    cfg = preset("tiny", **overrides)
-    return TokenFlowModel(cfg).eval()
-
-
-def wide_random_model(seed: int = 0, **overrides) -> TokenFlowModel:
-    """:func:`random_model` (with ``overrides`` of the tiny preset) with matrices drawn wider
-    (std 0.08) than the default init, so greedy decoding makes clear choices (no near-ties
-    that batching could flip)."""
-    m = random_model(seed=seed, **overrides)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.08)
-    return m
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from tokenflow.analysis.attention_kinds import kv_cache_size
 from tokenflow.viz import (attention_context_plot, attention_head_heatmap,
                              kv_cache_growth_plot, shape_flow)
 from tokenflow.viz import attention_explorer, kv_cache_explorer, kv_cache_summary
-from conftest import random_model
+from helpers import random_model
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

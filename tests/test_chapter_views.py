@@ -13,7 +13,7 @@ from tokenflow import Trace
 from tokenflow.viz import (attention_static, hidden_size_static, kv_cache_static,
                                residual_stream_static, residual_stream_table, trace_shapes_static,
                                trace_shapes_table, trace_table)
-from conftest import random_model
+from helpers import random_model
 
 matplotlib.use("Agg")
 

@@ -17,7 +17,7 @@ from tokenflow.interop.checkpoint import DEFAULT_WEIGHTS
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
     """A small model saved once: (path, its bytes, state dict, metadata)."""
-    from conftest import random_model
+    from helpers import random_model
     path = tmp_path_factory.mktemp("ckpt") / "good.safetensors"
     save_model(random_model(0), path)
     with safe_open(str(path), framework="pt") as f:
@@ -141,7 +141,7 @@ def test_load_pretrained_names_a_damaged_shipped_file(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ every argument matters
 def _saved(tmp_path, model=None, name="m.safetensors", **kw):
-    from conftest import random_model
+    from helpers import random_model
     model = model or random_model(3)
     path = tmp_path / name
     save_model(model, path, **kw)
@@ -164,7 +164,7 @@ def test_load_model_dtype_sets_the_weights_dtype(tmp_path, dtype):
 
 
 def test_load_model_default_is_float32_even_for_a_bfloat16_file(tmp_path):
-    from conftest import random_model
+    from helpers import random_model
     model = random_model(4).to(torch.bfloat16)
     _, path = _saved(tmp_path, model)
     with safe_open(str(path), framework="pt") as f:
@@ -194,7 +194,7 @@ def test_load_model_path_as_str_or_path(tmp_path):
 def test_save_model_keeps_the_config_fields_and_the_metadata(tmp_path):
     """The config round-trips, new fields included (``hidden_act``, ``topk_method``); each
     ``metadata`` entry is stored as a string next to it; ``config`` cannot be overwritten."""
-    from conftest import random_model
+    from helpers import random_model
     model = random_model(5, hidden_act="gelu", topk_method="group_limited_greedy")
     _, path = _saved(tmp_path, model, metadata={"step": 300, "note": "after warm-up"})
     with safe_open(str(path), framework="pt") as f:

@@ -45,7 +45,8 @@ def test_active_is_less_than_total_exactly_by_the_unused_experts():
 # ---- forward FLOPs and bytes (F5): against torch's FLOP counter and the real tensors
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from tokenflow import KVCache, Trace  # noqa: E402
+from tokenflow import KVCache  # noqa: E402
+from helpers import explicit_attention  # noqa: E402
 from tokenflow.analysis.costmodel import expected_experts_touched, forward_bytes  # noqa: E402
 from tokenflow.analysis.roofline import forward_flops  # noqa: E402
 
@@ -55,8 +56,8 @@ _DENSE = dict(num_experts=0, num_experts_per_tok=0, num_shared_experts=0)
 @pytest.mark.parametrize("overrides", [_DENSE, dict(), dict(tie_word_embeddings=True)])
 @pytest.mark.parametrize("B,cached,new", [(1, 0, 6), (2, 5, 3), (3, 9, 1)])
 def test_forward_flops_match_torch_flop_counter(overrides, B, cached, new):
-    """FlopCounterMode counts every matmul the forward really runs (the traced attention path
-    uses explicit Q K^T and weights @ V matmuls, which the counter sees)."""
+    """FlopCounterMode counts every matmul the forward really runs (attention as explicit
+    Q K^T and weights @ V matmuls, which the counter sees)."""
     torch.manual_seed(0)
     model = TokenFlowModel(preset("tiny", **overrides)).eval()
     cfg = model.config
@@ -67,9 +68,8 @@ def test_forward_flops_match_torch_flop_counter(overrides, B, cached, new):
         if cached:
             model(torch.randint(3, cfg.vocab_size, (B, cached)), kv_cache=cache)
         counter = FlopCounterMode(display=False)
-        with counter:
-            model(torch.randint(3, cfg.vocab_size, (B, new)), kv_cache=cache,
-                  trace=Trace(keep_tensors=True))
+        with counter, explicit_attention():
+            model(torch.randint(3, cfg.vocab_size, (B, new)), kv_cache=cache)
     assert counter.get_total_flops() == forward_flops(cfg, B, new, cached)["total"]
 
 

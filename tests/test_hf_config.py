@@ -105,7 +105,7 @@ def test_model_config_eos_forms():
 
 
 def test_save_load_keeps_several_eos(tmp_path):
-    from conftest import random_model
+    from helpers import random_model
     m = random_model(0, eos_token_id=(2, 7))
     save_model(m, tmp_path / "m.safetensors")
     assert load_model(tmp_path / "m.safetensors").config.eos_token_ids == (2, 7)
@@ -114,7 +114,7 @@ def test_save_load_keeps_several_eos(tmp_path):
 @pytest.fixture(scope="module")
 def free_run():
     """A random model's greedy continuation of 2 prompts with no EOS stop."""
-    from conftest import wide_random_model
+    from helpers import wide_random_model
     m = wide_random_model(4)
     ids = torch.tensor([[5, 9, 11, 4], [8, 3, 3, 20]])
     out = generate(m, ids, 8, stop_at_eos=False)[:, 4:]

@@ -9,7 +9,7 @@ import transformers
 from tokenflow import Tokenizer, TokenFlowModel, generate, preset
 from tokenflow.interop import save_hf_checkpoint
 
-from conftest import random_model
+from helpers import random_model
 
 ATOL = 1e-4
 TEXTS = ["北京是中国的首", "东京是日本的首都。", "Paris is the capital of France.",

@@ -9,7 +9,7 @@ import torch
 from tokenflow import KVCache, PagedKVCache, decode_step, generate, prefill
 from tokenflow.serving import LLMEngine, SamplingParams
 
-from conftest import wide_random_model
+from helpers import wide_random_model
 
 P = 32              # max_position_embeddings of the models here
 BS = 4

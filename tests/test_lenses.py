@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from tokenflow.analysis.lenses import BLOCK_MODULES, PIPELINE_STAGES, profile_engine_run
 from tokenflow.serving import LLMEngine, SamplingParams, run_with_arrivals
 
-from conftest import random_model, wide_random_model
+from helpers import random_model, wide_random_model
 
 SETTINGS = dict(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=32)
 

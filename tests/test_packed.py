@@ -16,7 +16,7 @@ import torch
 from tokenflow import KVCache, PagedKVCache, generate
 from tokenflow.serving import LLMEngine, SamplingParams
 
-from conftest import random_model, wide_random_model
+from helpers import random_model, wide_random_model
 
 BLOCK = 4
 MLA = dict(num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=32, qk_rope_head_dim=8,

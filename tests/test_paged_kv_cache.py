@@ -13,7 +13,7 @@ from tokenflow import KVCache, PagedKVCache, decode_step, prefill
 from tokenflow.analysis import costmodel
 from tokenflow.model.kv_cache import cache_entries
 
-from conftest import random_model
+from helpers import random_model
 from test_mla import ds_config, random_mla
 
 BS = 4                                       # block size

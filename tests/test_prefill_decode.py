@@ -14,7 +14,7 @@ from tokenflow.serving import (DECODE, PREFILL, WAIT, LLMEngine, SamplingParams,
                                mixed_workload, request_timeline, run_with_arrivals)
 from tokenflow.viz import serving_explorer  # noqa: E402
 
-from conftest import wide_random_model  # noqa: E402
+from helpers import wide_random_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

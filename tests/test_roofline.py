@@ -85,7 +85,7 @@ def test_presets_cite_sources_and_cpu_probe_smoke():
 
 
 # ---- one bytes formula: roofline's memory term is costmodel.forward_bytes
-from tokenflow import Trace  # noqa: E402
+from helpers import explicit_attention  # noqa: E402
 from tokenflow.analysis.costmodel import forward_bytes  # noqa: E402
 from tokenflow.analysis.roofline import arithmetic_intensity, ridge_point  # noqa: E402
 
@@ -115,7 +115,7 @@ def test_expert_parallel_reads_only_the_device_experts():
 
 @pytest.mark.parametrize("B,cached,new", [(1, 0, 8), (3, 6, 1)])
 def test_arithmetic_intensity_is_counted_flops_over_tensor_bytes(B, cached, new):
-    """Numerator from torch's FLOP counter (explicit-attention path), denominator from the
+    """Numerator from torch's FLOP counter (attention as explicit matmuls), denominator from the
     real tensors: weights but the embedding table, embedding rows looked up, the cache."""
     torch.manual_seed(0)
     model = TokenFlowModel(preset("tiny-dense")).eval()
@@ -124,9 +124,8 @@ def test_arithmetic_intensity_is_counted_flops_over_tensor_bytes(B, cached, new)
     with torch.no_grad():
         if cached:
             model(torch.randint(3, cfg.vocab_size, (B, cached)), kv_cache=cache)
-        with FlopCounterMode(display=False) as fc:
-            model(torch.randint(3, cfg.vocab_size, (B, new)), kv_cache=cache,
-                  trace=Trace(keep_tensors=True))
+        with FlopCounterMode(display=False) as fc, explicit_attention():
+            model(torch.randint(3, cfg.vocab_size, (B, new)), kv_cache=cache)
     weights = sum(p.numel() for n, p in model.named_parameters() if n != "embed_tokens.weight")
     nbytes = (weights + B * new * cfg.hidden_size) * 4 + cache.nbytes()
     assert arithmetic_intensity(cfg, new, cached, B, 4) == pytest.approx(

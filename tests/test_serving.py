@@ -14,7 +14,7 @@ import torch
 from tokenflow import generate
 from tokenflow.serving import (BlockManager, LLMEngine, Request, SamplingParams, Scheduler)
 
-from conftest import wide_random_model
+from helpers import wide_random_model
 
 BLOCK = 4
 

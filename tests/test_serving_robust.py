@@ -22,7 +22,7 @@ from tokenflow.serving import (LLMEngine, RequestOutput, SamplingParams, request
                                run_with_arrivals)
 from tokenflow.serving import sampler as sampler_mod
 
-from conftest import wide_random_model
+from helpers import wide_random_model
 
 BS = 4
 
@@ -1169,7 +1169,7 @@ def test_no_request_is_admitted_in_a_step_that_preempted():
     even when its prefix blocks are still cached. Small random workloads with block_size 1
     and two token ids make such instant re-admissions possible (seed 112 is one)."""
     import random
-    from conftest import random_model
+    from helpers import random_model
     model = random_model(seed=0)
     preempting_steps = 0
     for seed in [112] + list(range(60)):

@@ -27,6 +27,7 @@ from tokenflow.model.config import ModelConfig
 from tokenflow.model.kv_cache import KVCache
 
 from . import costmodel
+from tokenflow.validate import integer
 from .costmodel import kv_cache_bytes_per_token
 
 __all__ = ["with_kv_heads", "gated_deltanet_state_elements", "CacheLayout", "hybrid_layout",
@@ -34,9 +35,6 @@ __all__ = ["with_kv_heads", "gated_deltanet_state_elements", "CacheLayout", "hyb
            "sparse_decode_reads", "kv_cache_size"]
 
 
-def _check_int(name: str, v, lo: int) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
 
 
 def with_kv_heads(config: ModelConfig, num_key_value_heads: int) -> ModelConfig:
@@ -51,7 +49,7 @@ def with_kv_heads(config: ModelConfig, num_key_value_heads: int) -> ModelConfig:
     if config.is_mla:
         raise ValueError("config is MLA: it caches a latent, not K/V heads")
     n = config.num_attention_heads
-    _check_int("num_key_value_heads", num_key_value_heads, 1)
+    integer("num_key_value_heads", num_key_value_heads, 1)
     if num_key_value_heads > n or n % num_key_value_heads:
         raise ValueError(f"num_key_value_heads must divide num_attention_heads={n}, "
                          f"got {num_key_value_heads}")
@@ -81,7 +79,7 @@ def gated_deltanet_state_elements(num_key_heads: int, num_value_heads: int, key_
     for name, v in (("num_key_heads", num_key_heads), ("num_value_heads", num_value_heads),
                     ("key_head_dim", key_head_dim), ("value_head_dim", value_head_dim),
                     ("conv_kernel_dim", conv_kernel_dim)):
-        _check_int(name, v, 1)
+        integer(name, v, 1)
     if num_value_heads % num_key_heads:
         raise ValueError(f"num_value_heads ({num_value_heads}) must be a multiple of "
                          f"num_key_heads ({num_key_heads})")
@@ -247,7 +245,7 @@ def sparse_decode_reads(config: ModelConfig, context_len: int, index_topk: int,
     """
     for name, v in (("context_len", context_len), ("index_topk", index_topk),
                     ("index_head_dim", index_head_dim)):
-        _check_int(name, v, 1)
+        integer(name, v, 1)
     entry = costmodel.kv_cache_bytes_per_token(config, bytes_per_element)
     indexer = config.num_hidden_layers * context_len * index_head_dim * index_bytes_per_element
     selected = min(context_len, index_topk) * entry

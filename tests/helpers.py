@@ -1,0 +1,58 @@
+"""What several test files share: small random models and an attention the FLOP counter sees.
+
+Import it as ``from helpers import random_model`` (pytest puts ``tests/`` on ``sys.path``);
+``conftest.py`` keeps only fixtures and pytest hooks.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from tokenflow import TokenFlowModel, preset
+
+
+def random_model(seed: int = 0, **overrides) -> TokenFlowModel:
+    """An untrained model of the tiny preset with some fields changed, eval mode."""
+    torch.manual_seed(seed)
+    cfg = preset("tiny", **overrides)
+    return TokenFlowModel(cfg).eval()
+
+
+def wide_random_model(seed: int = 0, **overrides) -> TokenFlowModel:
+    """:func:`random_model` (with ``overrides`` of the tiny preset) with matrices drawn wider
+    (std 0.08) than the default init, so greedy decoding makes clear choices (no near-ties
+    that batching could flip)."""
+    m = random_model(seed=seed, **overrides)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.08)
+    return m
+
+
+def _explicit_sdpa(q, k, v, mask, enable_gqa=False, scale=None):
+    """``softmax(q k^T * scale + mask) v`` as two matrix products, K/V heads repeated for
+    the query heads that share them (what SDPA computes)."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-1, -2)) * scale
+    return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
+
+
+@contextlib.contextmanager
+def explicit_attention():
+    """Inside the block, the model's attention runs as explicit ``q @ k^T`` and
+    ``weights @ v`` products instead of SDPA, so torch's ``FlopCounterMode`` (which has no
+    formula for the CPU SDPA kernels) counts every FLOP of the forward pass."""
+    import tokenflow.model.attention as attention
+    import tokenflow.model.mla as mla
+    saved = attention._sdpa, mla._sdpa
+    attention._sdpa = mla._sdpa = _explicit_sdpa
+    try:
+        yield
+    finally:
+        attention._sdpa, mla._sdpa = saved
