@@ -1,4 +1,4 @@
-"""Shared fixtures: the trained tiny model (loaded once), small random models, the two editions
+"""Shared fixtures: the trained tiny model (loaded once), the two editions
 of the book (each built once per run, in parallel under pytest-xdist) and one headless Chromium
 per test process; the order the files run in (longest first, see SLOW_FIRST); and the perturbed
 CPU environment of the notebook kernels that nbval starts (NBVAL_KERNEL_ENV)."""

@@ -10,5 +10,8 @@
 ``kv_cache``     the one cache interface (CacheStep / CacheStorage) and contiguous storage
 ``transformer``  embedding -> decoder blocks -> final norm -> LM head (:class:`TokenFlowModel`)
 
-This layer imports nothing else from tokenflow (checked by ``tests/test_layering.py``).
+Only the forward path: what the chapters open up (the trace, attention step by step, the reference
+MoE loop, load statistics, the logit lens) is :mod:`tokenflow.explain`, which imports this package.
+This layer imports nothing else from tokenflow but :mod:`tokenflow.validate` (checked by
+``tests/test_layering.py``).
 """
