@@ -39,6 +39,7 @@ if "--omp-wait-policy" in sys.argv:
     os.environ["OMP_WAIT_POLICY"] = sys.argv[sys.argv.index("--omp-wait-policy") + 1]
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -69,7 +70,8 @@ def build_model(name: str):
     cfg = preset("tiny-dense", hidden_size=1024, num_attention_heads=16, num_key_value_heads=4,
                  head_dim=64, intermediate_size=2816, num_hidden_layers=8, vocab_size=888,
                  pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-                 eos_token_id=tok.eos_token_id, name="dense-92m")
+                 eos_token_id=tok.eos_token_id)
+    cfg = dataclasses.replace(cfg, name="dense-92m")
     torch.manual_seed(0)
     m = TokenFlowModel(cfg).eval()
     with torch.no_grad():
