@@ -1,6 +1,6 @@
 """The KV cache: one small interface, the contiguous storage behind it, and its size.
 
-**The interface** (DESIGN.md section 5). Once per forward pass the model asks the cache for a
+**The interface.** Once per forward pass the model asks the cache for a
 :class:`CacheStep` (``begin_step``): the new tokens' RoPE positions, the slots they go to and
 what each query may see (the mask). Each attention layer then makes one call, ``update(layer,
 step, *entries)``, which writes the new tokens' entries and returns the entries of every

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from .block_manager import BlockManager
 from .request import (Request, RequestOutput, RequestStatus, SamplingParams, check_arrival_time,
                       check_prompt)
-from .runner import ContiguousKVStorage, ModelRunner, PaddedKVStorage, PagedKVStorage
+from .runner import ContiguousRunner, ModelRunner, PaddedRunner, PagedRunner
 from .sampler import SampledToken
 from .scheduler import Scheduler
 
@@ -70,10 +70,10 @@ class LLMEngine:
             runs one forward per chunk).
         static_batching: admit a new batch only when the running one has finished (bool;
             default False = continuous batching; see :class:`~.scheduler.Scheduler`).
-        kv_storage: ``"paged"`` (default, :class:`~.runner.PagedKVStorage`: one block pool,
-            prefix blocks shared) or ``"contiguous"`` (:class:`~.runner.ContiguousKVStorage`:
+        kv_storage: ``"paged"`` (default, :class:`~.runner.PagedRunner`: one block pool,
+            prefix blocks shared) or ``"contiguous"`` (:class:`~.runner.ContiguousRunner`:
             a cache per request, prefix hits recomputed) or ``"padded"``
-            (:class:`~.runner.PaddedKVStorage`: the paged pool with the step before packing,
+            (:class:`~.runner.PaddedRunner`: the paged pool with the step before packing,
             chunks left-padded into ``[B, S_max]``; for comparison).
 
     Attributes:
@@ -100,8 +100,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,
                                    static_batching)
-        storage = ContiguousKVStorage(model) if kv_storage == "contiguous" else \
-            (PaddedKVStorage if kv_storage == "padded" else PagedKVStorage)(
+        storage = ContiguousRunner(model) if kv_storage == "contiguous" else \
+            (PaddedRunner if kv_storage == "padded" else PagedRunner)(
                 model, num_blocks, block_size, batch_decode)
         self.runner = ModelRunner(model, block_size, storage)
         self.steps: list[StepRecord] = []
