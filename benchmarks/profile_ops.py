@@ -12,7 +12,8 @@ with prompt chunks) and a **decode-only step** (the first one with the most deco
 no prompt chunk), then ``--repeats`` times under ``torch.profiler`` at those two steps (the
 engine is deterministic, so the same steps come back). Every op class is a
 ``record_function`` label put around the code that does it (the wrappers are installed here,
-the library is unchanged): ``F.linear`` (every projection and the LM head), the paged cache's
+the library is unchanged): ``tokenflow.model.linear.linear`` and ``F.linear`` (every
+projection and the LM head), the paged cache's
 write + block gather, the per-sequence attention split (``attend_each``) and SDPA inside it,
 RMSNorm, RoPE (tables and rotation), the MoE block's own ops (router, dispatch/combine),
 sampling, building the packed step, the scheduler. A label's time is the CPU time of the
@@ -47,7 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vllm import build_model  # noqa: E402
 
 import tokenflow.model.attention as attention_mod  # noqa: E402
+import tokenflow.model.ffn as ffn_mod  # noqa: E402
 import tokenflow.model.transformer as transformer_mod  # noqa: E402
+import tokenflow.serving.paged_runner as paged_runner_mod  # noqa: E402
 import tokenflow.serving.runner as runner_mod  # noqa: E402
 from tokenflow.model.kv_cache import PackedCacheStep  # noqa: E402
 from tokenflow.model.moe import MoE  # noqa: E402
@@ -98,6 +101,8 @@ def _label(name: str, fn):
 def install_labels() -> None:
     """Wrap the code of each op class in a ``record_function`` label (this process only)."""
     F.linear = _label("linear (GEMM)", F.linear)                 # nn.Linear calls F.linear
+    for mod in (attention_mod, ffn_mod):                          # tokenflow.model.linear
+        mod.linear = _label("linear (GEMM)", mod.linear)
     attention_mod._sdpa = _label("attention: SDPA", attention_mod._sdpa)
     attention_mod.apply_rope = _label("RoPE", attention_mod.apply_rope)
     rot = transformer_mod.RotaryEmbedding
@@ -107,7 +112,8 @@ def install_labels() -> None:
     RMSNorm.forward = _label("RMSNorm", RMSNorm.forward)
     MoE.forward = _label("MoE routing + dispatch", MoE.forward)
     runner_mod.sample_requests = _label("sampling", runner_mod.sample_requests)
-    runner_mod.prepare_packed = _label("packed step build", runner_mod.prepare_packed)
+    paged_runner_mod.prepare_packed = _label("packed step build",
+                                             paged_runner_mod.prepare_packed)
     Scheduler.schedule = _label("scheduler + engine", Scheduler.schedule)
     Scheduler.update = _label("scheduler + engine", Scheduler.update)
 
