@@ -203,7 +203,9 @@ def ops_table(data: dict, models: tuple = ("tiny", "dense-92m"), threads: str = 
         for r in runs:
             for kind in ("prefill", "decode"):
                 ms, fl = r[kind]["ms"][cls], r[kind]["floor_ms"].get(cls)
-                cells.append(f"{ms:.1f} ({ms / fl:.0f}x)" if fl else f"{ms:.1f}")
+                x = ms / fl if fl else None
+                cells.append(f"{ms:.1f} ({x:.1f}x)" if fl and x < 10 else
+                             f"{ms:.1f} ({x:.0f}x)" if fl else f"{ms:.1f}")
         lines.append(f"| {cls} | " + " | ".join(cells) + " |")
     lines.append("| whole step | " + " | ".join(
         f"{r[kind]['wall_ms']:.1f}" for r in runs for kind in ("prefill", "decode")) + " |")
