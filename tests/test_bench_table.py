@@ -97,10 +97,10 @@ def _vllm(data):
                vllm_tok_s=1447.9, vllm_ttft_s=0.1004, vllm_tpot_s=0.0061, vllm_cpu_s=2.5)
     two = dict(run, threads=2, ratio=0.8, ratio_min=0.7, ratio_max=0.9, met=False,
                target=1.0, identical=False, vllm_startup_s=38.0)
-    out["vllm"] = {"tiny": dict(model="tiny", machine="CPU X, 2 cores", date="2026-12-01",
-                                started="22:00 UTC", pairs=3, load_before=1.46,
-                                load_after=2.51, requests=48, new_tokens=790,
-                                runs=[run, two])}
+    out.setdefault("vllm", {})["tiny"] = dict(
+        model="tiny", machine="CPU X, 2 cores", date="2026-12-01", started="22:00 UTC",
+        pairs=3, load_before=1.46, load_after=2.51, requests=48, new_tokens=790,
+        runs=[run, two])
     return out
 
 
@@ -122,3 +122,21 @@ def test_vllm_table_comes_from_the_json():
         and new.endswith(outside[1])
     with pytest.raises(ValueError, match="vllm-table"):
         bench_table.render(page.replace(bench_table.VLLM_END, ""), data)
+
+
+def test_ops_table_comes_from_the_json():
+    """Each cell is the JSON's milliseconds and their multiple of the class's floor; a class
+    without a floor (host code) shows milliseconds only."""
+    step = lambda ms, wall: dict(step=0, num_tokens=256, num_seqs=6, wall_ms=wall,  # noqa: E731
+                                 ms={"linear (GEMM)": ms, "sampling": 0.5},
+                                 floor_ms={"linear (GEMM)": ms / 4})
+    model = {"prefill": step(400.0, 500.0), "decode": step(30.0, 40.0)}
+    data = {"ops": {"date": "2026-12-02", "torch": "2.x", "load_before": 1.0,
+                    "load_after": 2.0, "peak": {"1": {"gflops": 120.0, "gbs": 9.5}},
+                    "models": {"tiny": {"1": model}, "dense-92m": {"1": model}}}}
+    lines = bench_table.ops_table(data).splitlines()
+    assert lines[2] == ("| linear (GEMM) | 400.0 (4.0x) | 30.0 (4.0x) | 400.0 (4.0x) "
+                        "| 30.0 (4.0x) |")
+    assert lines[3] == "| sampling | 0.5 | 0.5 | 0.5 | 0.5 |"
+    assert lines[4] == "| whole step | 500.0 | 40.0 | 500.0 | 40.0 |"
+    assert "120 GFLOP/s" in lines[-1] and "9.5 GB/s" in lines[-1]

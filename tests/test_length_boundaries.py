@@ -198,6 +198,6 @@ def test_block_ids_and_counts_at_their_ends(model):
         cache.packed_step([[8]], [0], [1])
     with pytest.raises(ValueError, match="num_new >= 1"):
         cache.packed_step([[0]], [0], [0])
-    with pytest.raises(ValueError, match="num_cached must be >= 0"):
+    with pytest.raises(ValueError, match="num_computed must be >= 0"):
         cache.packed_step([[0]], [-1], [1])
-    cache.packed_step([[0]], [0], [1])                            # num_cached 0 is fine
+    cache.packed_step([[0]], [0], [1])                            # num_computed 0 is fine

@@ -94,7 +94,7 @@ def test_update_writes_each_token_to_its_slot(model):
 @torch.no_grad()
 def test_shared_prefix_blocks_are_read_not_recomputed(model):
     """Sequence B starts with A's first 2 blocks: B's table holds A's block ids, B's step
-    starts after them (num_cached 8), and its logits equal B computed alone."""
+    starts after them (num_computed 8), and its logits equal B computed alone."""
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(2)
     prefix = torch.randint(3, vocab, (8,), generator=g).tolist()

@@ -108,7 +108,7 @@ def test_all_blocks_back_in_free_list(run):
 def test_paged_storage_shares_prefix_hits_instead_of_recomputing(run):
     engine = run[0]
     recomputed = engine.metrics()["num_recomputed_tokens"]
-    if engine.runner.storage.__class__.__name__ == "PagedKVStorage":
+    if engine.runner.storage.__class__.__name__ == "PagedRunner":
         assert recomputed == 0
     else:
         assert recomputed >= 12                         # the contiguous one recomputes them

@@ -528,7 +528,7 @@ def test_prefix_keys_chained_across_steps_of_registration(model):
 def test_prompt_of_k_blocks_plus_one_after_a_prefix_hit(model, k, extra):
     """B shares A's first k blocks and has ``k * block_size + extra`` tokens: with extra = 1
     only its last token is computed (it starts block k + 1); with extra = 0 the last block's
-    last token is recomputed (num_cached = (k - 1) blocks)."""
+    last token is recomputed (num_computed = (k - 1) blocks)."""
     shared = _ids(k * BS, 90 + k)
     a, b = shared + [5, 6, 7], shared + _ids(extra, 95)
     engine = _engine(model)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from .config import ModelConfig
 from .fused import PackedWeights, linear_weights, packed_rows
 from .kv_cache import CacheStep, PackedCacheStep, attention_mask_for
+from .linear import linear
 from .rope import RotaryEmbedding, apply_rope
 
 __all__ = ["RotaryEmbedding", "apply_rope", "Attention", "attention_mask_for"]
@@ -115,7 +116,7 @@ class Attention(PackedWeights, nn.Module):
         """
         B, S, _ = x.shape
         D, nh, nkv = self.head_dim, self.n_heads, self.n_kv
-        qkv = F.linear(x, self.qkv_weight())                          # [B, S, (nh+2*nkv)*D]
+        qkv = linear(x, self.qkv_weight())                            # [B, S, (nh+2*nkv)*D]
         qkv = qkv.view(B, S, nh + 2 * nkv, D).transpose(1, 2)         # [B, nh+2*nkv, S, D]
         # Q and K heads side by side, so that one RoPE call rotates both (fewer ops per step).
         qk, v = qkv.split((nh + nkv, nkv), dim=1)                     # [B,nh+nkv,S,D], [B,nkv,S,D]
@@ -129,4 +130,4 @@ class Attention(PackedWeights, nn.Module):
             out = step.attend_each(self.attend, (q,), (k_all, v_all))     # [1, nh, T, D]
         else:
             out = self.attend(q, k_all, v_all, step.mask)                 # [B, nh, S, D]
-        return self.o_proj(out.transpose(1, 2).reshape(B, S, nh * D))    # [B, S, H]
+        return linear(out.transpose(1, 2).reshape(B, S, nh * D), self.o_proj.weight)  # [B,S,H]

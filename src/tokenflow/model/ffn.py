@@ -13,6 +13,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from .fused import PackedWeights, linear_weights, packed_rows
+from .linear import linear
 
 __all__ = ["FFN", "ACTIVATIONS", "activation"]
 
@@ -69,9 +70,9 @@ class FFN(PackedWeights, nn.Module):
         if torch.is_grad_enabled():
             return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
         # Inference: gate and up as one [2I, H] product (tokenflow.model.fused; same values).
-        gate_up = F.linear(x, self.gate_up_weight())                     # [..., 2I]
+        gate_up = linear(x, self.gate_up_weight())                       # [..., 2I]
         gate, up = gate_up.chunk(2, dim=-1)                              # [..., I] each
-        return self.down_proj(self.act_fn(gate) * up)
+        return linear(self.act_fn(gate) * up, self.down_proj.weight)
 
     def gate_up_weight(self) -> torch.Tensor:
         """``gate_proj`` and ``up_proj`` as one ``[2I, H]`` matrix (gate rows first, HF's

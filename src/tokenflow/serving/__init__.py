@@ -9,7 +9,8 @@ from .request import Request, RequestOutput, RequestStatus, SamplingParams
 from .block_manager import Block, BlockManager, chain_hash
 from .scheduler import ScheduledChunk, Scheduler, StepPlan
 from .sampler import SampledToken, sample_requests, sample_token
-from .runner import ContiguousKVStorage, ModelRunner, PaddedKVStorage, PagedKVStorage
+from .runner import (ContiguousKVStorage, ContiguousRunner, ModelRunner, PaddedKVStorage,
+                     PaddedRunner, PagedKVStorage, PagedRunner)
 from .engine import LLMEngine, StepRecord
 from .workload import (DECODE, PREFILL, WAIT, RequestTimeline, corpus_lines, mixed_workload,
                        request_timeline, run_with_arrivals)
@@ -17,7 +18,8 @@ from .workload import (DECODE, PREFILL, WAIT, RequestTimeline, corpus_lines, mix
 __all__ = ["Request", "RequestOutput", "RequestStatus", "SamplingParams", "Block",
            "BlockManager", "chain_hash", "ScheduledChunk", "Scheduler", "StepPlan",
            "SampledToken", "sample_token", "sample_requests",
-           "ContiguousKVStorage", "PagedKVStorage", "PaddedKVStorage", "ModelRunner",
+           "ContiguousRunner", "PagedRunner", "PaddedRunner", "ModelRunner",
+           "ContiguousKVStorage", "PagedKVStorage", "PaddedKVStorage",
            "LLMEngine", "StepRecord",
            "WAIT", "PREFILL", "DECODE", "RequestTimeline", "request_timeline",
            "run_with_arrivals", "corpus_lines", "mixed_workload"]

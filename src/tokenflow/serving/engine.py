@@ -18,8 +18,6 @@ reason, and the others run normally. A request whose step raises finishes with
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -27,8 +25,9 @@ from dataclasses import dataclass, field
 from tqdm.auto import tqdm
 
 from .block_manager import BlockManager
-from .request import Request, RequestOutput, RequestStatus, SamplingParams
-from .runner import ContiguousKVStorage, ModelRunner, PaddedKVStorage, PagedKVStorage
+from .request import (Request, RequestOutput, RequestStatus, SamplingParams, check_arrival_time,
+                      check_prompt)
+from .runner import ContiguousRunner, ModelRunner, PaddedRunner, PagedRunner
 from .sampler import SampledToken
 from .scheduler import Scheduler
 
@@ -71,10 +70,10 @@ class LLMEngine:
             runs one forward per chunk).
         static_batching: admit a new batch only when the running one has finished (bool;
             default False = continuous batching; see :class:`~.scheduler.Scheduler`).
-        kv_storage: ``"paged"`` (default, :class:`~.runner.PagedKVStorage`: one block pool,
-            prefix blocks shared) or ``"contiguous"`` (:class:`~.runner.ContiguousKVStorage`:
+        kv_storage: ``"paged"`` (default, :class:`~.runner.PagedRunner`: one block pool,
+            prefix blocks shared) or ``"contiguous"`` (:class:`~.runner.ContiguousRunner`:
             a cache per request, prefix hits recomputed) or ``"padded"``
-            (:class:`~.runner.PaddedKVStorage`: the paged pool with the step before packing,
+            (:class:`~.runner.PaddedRunner`: the paged pool with the step before packing,
             chunks left-padded into ``[B, S_max]``; for comparison).
 
     Attributes:
@@ -101,8 +100,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,
                                    static_batching)
-        storage = ContiguousKVStorage(model) if kv_storage == "contiguous" else \
-            (PaddedKVStorage if kv_storage == "padded" else PagedKVStorage)(
+        storage = ContiguousRunner(model) if kv_storage == "contiguous" else \
+            (PaddedRunner if kv_storage == "padded" else PagedRunner)(
                 model, num_blocks, block_size, batch_decode)
         self.runner = ModelRunner(model, block_size, storage)
         self.steps: list[StepRecord] = []
@@ -113,57 +112,13 @@ class LLMEngine:
         self._children: dict = {}          # request id of an n > 1 request -> sample ids
 
     # ------------------------------------------------------------------ requests
-    def _check_prompt(self, prompt_token_ids) -> list[int]:
-        """The prompt as a list of plain ints in ``[0, vocab_size)``.
-
-        Raises:
-            TypeError: not a list / tuple of ints or a 1-D integer tensor / array (None, a
-                string, floats, bools, nested lists).
-            ValueError: empty, not 1-D, or an id outside the vocabulary.
-        """
-        name, V = "prompt_token_ids", self.model.config.vocab_size
-        if hasattr(prompt_token_ids, "tolist") and hasattr(prompt_token_ids, "dtype"):
-            if getattr(prompt_token_ids, "ndim", 1) != 1:
-                raise ValueError(f"{name} must be 1-D, got shape "
-                                 f"{tuple(prompt_token_ids.shape)}")
-            prompt_token_ids = prompt_token_ids.tolist()       # tensor / ndarray -> ints
-        if not isinstance(prompt_token_ids, (list, tuple)):
-            raise TypeError(f"{name} must be a list of ints (or a 1-D integer tensor), got "
-                            f"{type(prompt_token_ids).__name__}")
-        for t in prompt_token_ids:
-            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-                raise TypeError(f"{name} must hold ints, got {type(t).__name__} {t!r}")
-        if not prompt_token_ids:
-            raise ValueError(f"{name} must hold at least one token id (empty prompt)")
-        bad = [t for t in prompt_token_ids if not 0 <= t < V]
-        if bad:
-            raise ValueError(f"{name} must be in [0, vocab_size={V}), got {int(bad[0])}")
-        return [int(t) for t in prompt_token_ids]
-
-    def _check_params(self, params) -> SamplingParams:
-        """A checked, plain-valued copy of ``params`` with the EOS ids filled in from the
-        model config (an int or a list there) when the request leaves them unset."""
-        if params is None:
-            params = SamplingParams()
-        elif isinstance(params, dict):
-            try:
-                params = SamplingParams(**params)
-            except TypeError as e:
-                raise TypeError(f"params: {e}") from None
-        elif not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be a SamplingParams, a dict of its fields or None, "
-                            f"got {type(params).__name__} {params!r}")
-        c = self.model.config
-        if params.eos_token_id is None:
-            params = dataclasses.replace(params, eos_token_id=c.eos_token_id)
-        return params.normalized(c.vocab_size)
-
     def _check_request(self, prompt_token_ids, params, request_id, arrival_time,
                        taken: set) -> list[Request]:
         """Check and copy one request's arguments into :class:`Request` objects (not
         queued): one, or the ``n`` samples ``(request_id, i)`` of an ``n > 1`` request."""
-        prompt = self._check_prompt(prompt_token_ids)
-        params = self._check_params(params)
+        c = self.model.config
+        prompt = check_prompt(prompt_token_ids, c.vocab_size)
+        params = SamplingParams.checked(params, c)
 
         def ids(rid) -> list:                        # the request's id and its samples'
             return [rid] + [(rid, i) for i in range(params.n if params.n > 1 else 0)]
@@ -183,18 +138,7 @@ class LLMEngine:
         used = in_use(request_id)
         if used:
             raise ValueError(f"request_id {used[0]!r} is already in use")
-        if arrival_time is not None:
-            if isinstance(arrival_time, bool) or not isinstance(arrival_time, numbers.Real):
-                raise TypeError(f"arrival_time must be a number of seconds "
-                                f"(time.perf_counter()) or None, got {arrival_time!r}")
-            if not math.isfinite(arrival_time) or arrival_time < 0:
-                raise ValueError(f"arrival_time must be finite and >= 0, got {arrival_time!r}")
-            now = time.perf_counter()
-            if arrival_time > now:
-                raise ValueError(f"arrival_time must not be in the future: got {arrival_time!r}"
-                                 f", time.perf_counter() is {now!r} (a request arrives when "
-                                 f"it is added or before)")
-            arrival_time = float(arrival_time)
+        arrival_time = check_arrival_time(arrival_time)
         if params.n == 1:
             return [Request(request_id, prompt, params, arrival_time)]
         if arrival_time is None:
@@ -344,37 +288,57 @@ class LLMEngine:
         """
         if self.scheduler.has_unfinished():
             t0 = time.perf_counter()
-            plan = self.scheduler.schedule()
-            prefill = [(c.request.request_id, c.num_tokens) for c in plan.chunks
-                       if not c.is_decode]
-            decode = [c.request.request_id for c in plan.chunks if c.is_decode]
-            num_tokens = plan.num_tokens
-            try:
-                sampled = self.runner.execute(plan)
-            except Exception as e:                   # noqa: BLE001 (the whole step failed)
-                msg = f"the step's forward failed: {type(e).__name__}: {e}"
-                sampled = {c.request.request_id: SampledToken(None, error=msg)
-                           for c in plan.chunks}
-            failed = {rid for rid, s in sampled.items() if s.error is not None}
-            for c in [c for c in plan.chunks if c.request.request_id in failed]:
-                self._fail(c.request, sampled[c.request.request_id].error)
-            plan.chunks = [c for c in plan.chunks if c.request.request_id not in failed]
-            tokens = {}
-            for c in plan.chunks:
-                s = sampled.get(c.request.request_id)
-                if c.samples:
-                    tokens[c.request.request_id] = s.token
-                    if s.logprobs is not None:
-                        c.request.output_logprobs.append(s.logprobs)
-            for req in self.scheduler.update(plan, tokens):
-                self.runner.free(req.request_id)
-                self._finish(req)
-            self.steps.append(StepRecord(
-                len(self.steps), prefill, decode, [r.request_id for r in plan.preempted],
-                num_tokens, time.perf_counter() - t0, self.block_manager.num_free_blocks,
-                self.runner.num_positions, list(tokens)))
+            plan = self.scheduler.schedule()                                  # plan
+            record = self._record_of(plan)
+            sampled = self._execute(plan)                                     # execute
+            tokens = self._update(plan, sampled)                              # update
+            self._record(record, time.perf_counter() - t0, tokens)            # record
         new, self._new_outputs = self._new_outputs, []
         return new
+
+    def _record_of(self, plan) -> StepRecord:
+        """The :class:`StepRecord` of a scheduled plan, before it runs (times filled after)."""
+        return StepRecord(len(self.steps),
+                          [(c.request.request_id, c.num_tokens) for c in plan.chunks
+                           if not c.is_decode],
+                          [c.request.request_id for c in plan.chunks if c.is_decode],
+                          [r.request_id for r in plan.preempted], plan.num_tokens, 0.0, 0)
+
+    def _record(self, record: StepRecord, seconds: float, tokens: dict) -> None:
+        """Complete the step's record after it ran and keep it in :attr:`steps`."""
+        record.seconds, record.sampled = seconds, list(tokens)
+        record.num_free_blocks = self.block_manager.num_free_blocks
+        record.num_positions = self.runner.num_positions
+        self.steps.append(record)
+
+    def _execute(self, plan) -> dict:
+        """Run the plan: ``{request_id: SampledToken}``. A failed forward cannot be pinned
+        on one request: every chunk of the step gets the error."""
+        try:
+            return self.runner.execute(plan)
+        except Exception as e:                       # noqa: BLE001 (the whole step failed)
+            msg = f"the step's forward failed: {type(e).__name__}: {e}"
+            return {c.request.request_id: SampledToken(None, error=msg) for c in plan.chunks}
+
+    def _update(self, plan, sampled: dict) -> dict:
+        """Finish the requests whose row failed, hand the sampled tokens to the scheduler,
+        finish the requests that are done. Returns ``{request_id: token}`` of this step."""
+        failed = {rid for rid, s in sampled.items() if s.error is not None}
+        for c in [c for c in plan.chunks if c.request.request_id in failed]:
+            self._fail(c.request, sampled[c.request.request_id].error)
+        plan.chunks = [c for c in plan.chunks if c.request.request_id not in failed]
+        tokens = {}
+        for c in plan.chunks:
+            s = sampled.get(c.request.request_id)
+            if c.samples:
+                tokens[c.request.request_id] = s.token
+                if s.logprobs is not None:
+                    c.request.output_logprobs.append(s.logprobs)
+        for req in self.scheduler.update(plan, tokens):
+            self.runner.free(req.request_id)
+            self._finish(req)
+        return tokens
+
 
     def run(self, prompts: list, params=None, use_tqdm: bool = True) -> list[RequestOutput]:
         """Add ``prompts`` (lists of ids), step until all are done, return their results in

@@ -156,14 +156,14 @@ class PagedKVCache(CacheStorage):
         self.reset()
 
     # ---------------------------------------------------------------- the batch of a step
-    def prepare(self, block_tables: list[list[int]], num_cached: list[int],
+    def prepare(self, block_tables: list[list[int]], num_computed: list[int],
                 num_new: list[int]) -> None:
         """Say which sequences the next forward pass runs (call before each ``model(...)``).
 
         Args:
             block_tables: per row, the ids of its blocks in token order (covering at least
-                ``num_cached + num_new`` tokens).
-            num_cached: per row, tokens already in the cache (their slots are read, not
+                ``num_computed + num_new`` tokens).
+            num_computed: per row, tokens already in the cache (their slots are read, not
                 written; prefix-cache hits count here).
             num_new: per row, new tokens in this pass (>= 1): the row's last ``num_new``
                 columns of ``input_ids``; the columns before them are padding.
@@ -172,35 +172,35 @@ class PagedKVCache(CacheStorage):
             ValueError: lists of different lengths, counts out of range, a block table too
                 short or a block id outside ``[0, num_blocks)``.
         """
-        self._check_batch(block_tables, num_cached, num_new)
+        self._check_batch(block_tables, num_computed, num_new)
         B = len(block_tables)
         width = max(len(t) for t in block_tables)         # short tables padded with block 0
         self._tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables],
                                     device=self.device)                 # [B, blocks]
-        self.num_real = torch.tensor(num_cached, device=self.device)   # [B]
+        self.num_real = torch.tensor(num_computed, device=self.device)   # [B]
         self._num_new = torch.tensor(num_new, device=self.device)      # [B]
         self.batch_size = B
-        self.length = max(c + n for c, n in zip(num_cached, num_new)) - max(num_new)
+        self.length = max(c + n for c, n in zip(num_computed, num_new)) - max(num_new)
 
-    def _check_batch(self, block_tables, num_cached, num_new) -> None:
+    def _check_batch(self, block_tables, num_computed, num_new) -> None:
         """Raise ``ValueError`` unless the lists describe a batch this pool can hold."""
         B = len(block_tables)
-        if B < 1 or len(num_cached) != B or len(num_new) != B:
-            raise ValueError(f"block_tables, num_cached and num_new must have the same length "
-                             f">= 1, got {B}, {len(num_cached)}, {len(num_new)}")
-        if min(num_cached) < 0 or min(num_new) < 1:
-            raise ValueError(f"num_cached must be >= 0 and num_new >= 1, got {num_cached} "
+        if B < 1 or len(num_computed) != B or len(num_new) != B:
+            raise ValueError(f"block_tables, num_computed and num_new must have the same length "
+                             f">= 1, got {B}, {len(num_computed)}, {len(num_new)}")
+        if min(num_computed) < 0 or min(num_new) < 1:
+            raise ValueError(f"num_computed must be >= 0 and num_new >= 1, got {num_computed} "
                              f"and {num_new}")
-        for b, (table, n) in enumerate(zip(block_tables, num_cached)):
+        for b, (table, n) in enumerate(zip(block_tables, num_computed)):
             need = -(-(n + num_new[b]) // self.block_size)
             if len(table) < need or any(not 0 <= i < self.num_blocks for i in table[:need]):
                 raise ValueError(f"block_tables[{b}] must hold {need} block ids in [0, "
                                  f"num_blocks={self.num_blocks}), got {table}")
 
-    def packed_step(self, block_tables: list[list[int]], num_cached: list[int],
+    def packed_step(self, block_tables: list[list[int]], num_computed: list[int],
                     num_new: list[int]) -> PackedCacheStep:
         """Describe a packed step (see the module docstring): sequence ``i`` has
-        ``num_cached[i]`` tokens in its blocks and ``num_new[i]`` new ones, which come end
+        ``num_computed[i]`` tokens in its blocks and ``num_new[i]`` new ones, which come end
         to end in ``input_ids [T]``. Pass the result to ``model.forward_packed``. The leading
         sequences with one new token are attended as one batch (put decode rows first).
 
@@ -209,10 +209,10 @@ class PagedKVCache(CacheStorage):
         Returns:
             a :class:`PackedCacheStep` with ``T = sum(num_new)`` new tokens.
         """
-        self._check_batch(block_tables, num_cached, num_new)
+        self._check_batch(block_tables, num_computed, num_new)
         dev, bs, n = self.device, self.block_size, len(num_new)
         n_dec = next((i for i, m in enumerate(num_new) if m != 1), n)      # decode rows
-        total = [c + m for c, m in zip(num_cached, num_new)]               # L_i
+        total = [c + m for c, m in zip(num_computed, num_new)]               # L_i
         # the whole blocks each sequence reads: its first ceil(L_i / bs); every decode row
         # as many as the longest of them (a shorter table padded with block 0, masked)
         reads = [-(-L // bs) for L in total]
@@ -221,13 +221,13 @@ class PagedKVCache(CacheStorage):
         width = reads[0] * bs if n_dec else 0                              # decode_len
         cu_q, cu_k = [0, *accumulate(num_new)], [0, *accumulate(k * bs for k in reads)]
         # each new token: its position p, and its slot table[p // bs] * bs + p % bs
-        new_tokens = [(t, p) for t, c, L in zip(block_tables, num_cached, total)
+        new_tokens = [(t, p) for t, c, L in zip(block_tables, num_computed, total)
                       for p in range(c, L)]                                # [T]
         slot_mapping = torch.tensor([t[p // bs] * bs + p % bs for t, p in new_tokens],
                                     device=dev)
         masks = [_decode_mask(total[:n_dec], width, dev)] if n_dec else []
         masks += [attention_mask_for(torch.ones(1, L, dtype=torch.bool, device=dev), c, m)
-                  for c, m, L in zip(num_cached[n_dec:], num_new[n_dec:], total[n_dec:])]
+                  for c, m, L in zip(num_computed[n_dec:], num_new[n_dec:], total[n_dec:])]
         positions = torch.tensor([[p for _, p in new_tokens]], device=dev)      # [1, T]
         step = PackedCacheStep(0, positions, None, cu_q=cu_q, cu_k=cu_k, seqlens_k=total,
                                slot_mapping=slot_mapping, context_blocks=blocks,
@@ -251,7 +251,7 @@ class PagedKVCache(CacheStorage):
                 ``S`` not those of the prepared batch.
         """
         if self._tables is None:
-            raise ValueError("call PagedKVCache.prepare(block_tables, num_cached, num_new) "
+            raise ValueError("call PagedKVCache.prepare(block_tables, num_computed, num_new) "
                              "before each forward pass")
         S_max = int(self._num_new.max())
         if attention_mask is not None or batch_size != self.batch_size or S != S_max:

@@ -12,6 +12,7 @@ Token counts (the scheduler's bookkeeping):
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import numbers
@@ -22,7 +23,8 @@ import torch
 
 from tokenflow.inference.sampling import check_sampling_args, check_token_ids
 
-__all__ = ["SamplingParams", "RequestStatus", "Request", "RequestOutput"]
+__all__ = ["SamplingParams", "RequestStatus", "Request", "RequestOutput", "check_prompt",
+           "check_arrival_time"]
 
 
 def _int(name: str, v, lo: int, hi: int | None = None, none: bool = False) -> int | None:
@@ -138,6 +140,30 @@ class SamplingParams:
             logprobs=_int("logprobs", self.logprobs, 0, V, none=True),
             n=_int("n", self.n, 1))
 
+    @classmethod
+    def checked(cls, params, config) -> "SamplingParams":
+        """``params`` (a :class:`SamplingParams`, a dict of its fields or None) as a checked,
+        plain-valued copy, with the EOS ids filled in from ``config`` (an int or a list
+        there) when the request leaves them unset.
+
+        Raises:
+            TypeError: not one of those kinds, or an unknown field name.
+            ValueError: as :meth:`normalized` with ``config.vocab_size``.
+        """
+        if params is None:
+            params = cls()
+        elif isinstance(params, dict):
+            try:
+                params = cls(**params)
+            except TypeError as e:
+                raise TypeError(f"params: {e}") from None
+        elif not isinstance(params, cls):
+            raise TypeError(f"params must be a SamplingParams, a dict of its fields or None, "
+                            f"got {type(params).__name__} {params!r}")
+        if params.eos_token_id is None:
+            params = dataclasses.replace(params, eos_token_id=config.eos_token_id)
+        return params.normalized(config.vocab_size)
+
     def _fill(self, **fields) -> "SamplingParams":
         for k, v in fields.items():
             setattr(self, k, v)
@@ -156,6 +182,56 @@ class SamplingParams:
         else:
             g.manual_seed(self.seed)
         return g
+
+
+def check_prompt(prompt_token_ids, vocab_size: int) -> list[int]:
+    """The prompt as a list of plain ints in ``[0, vocab_size)``.
+
+    Raises:
+        TypeError: not a list / tuple of ints or a 1-D integer tensor / array (None, a
+            string, floats, bools, nested lists).
+        ValueError: empty, not 1-D, or an id outside the vocabulary.
+    """
+    name, V = "prompt_token_ids", vocab_size
+    if hasattr(prompt_token_ids, "tolist") and hasattr(prompt_token_ids, "dtype"):
+        if getattr(prompt_token_ids, "ndim", 1) != 1:
+            raise ValueError(f"{name} must be 1-D, got shape "
+                             f"{tuple(prompt_token_ids.shape)}")
+        prompt_token_ids = prompt_token_ids.tolist()           # tensor / ndarray -> ints
+    if not isinstance(prompt_token_ids, (list, tuple)):
+        raise TypeError(f"{name} must be a list of ints (or a 1-D integer tensor), got "
+                        f"{type(prompt_token_ids).__name__}")
+    for t in prompt_token_ids:
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"{name} must hold ints, got {type(t).__name__} {t!r}")
+    if not prompt_token_ids:
+        raise ValueError(f"{name} must hold at least one token id (empty prompt)")
+    bad = [t for t in prompt_token_ids if not 0 <= t < V]
+    if bad:
+        raise ValueError(f"{name} must be in [0, vocab_size={V}), got {int(bad[0])}")
+    return [int(t) for t in prompt_token_ids]
+
+
+def check_arrival_time(arrival_time) -> float | None:
+    """``arrival_time`` (``time.perf_counter()`` seconds in ``[0, now]``, or None) as a float.
+
+    Raises:
+        TypeError: not a number (a bool, a string).
+        ValueError: NaN, infinite, negative or in the future.
+    """
+    if arrival_time is None:
+        return None
+    if isinstance(arrival_time, bool) or not isinstance(arrival_time, numbers.Real):
+        raise TypeError(f"arrival_time must be a number of seconds "
+                        f"(time.perf_counter()) or None, got {arrival_time!r}")
+    if not math.isfinite(arrival_time) or arrival_time < 0:
+        raise ValueError(f"arrival_time must be finite and >= 0, got {arrival_time!r}")
+    now = time.perf_counter()
+    if arrival_time > now:
+        raise ValueError(f"arrival_time must not be in the future: got {arrival_time!r}"
+                         f", time.perf_counter() is {now!r} (a request arrives when "
+                         f"it is added or before)")
+    return float(arrival_time)
 
 
 class RequestStatus(enum.Enum):
