@@ -6,8 +6,9 @@ The K/V bytes of MHA / GQA / MQA, MLA and sliding windows are :mod:`tokenflow.an
 
 * the constant state of a **linear-attention layer**, Gated DeltaNet as in Qwen3-Next (Yang,
   Kautz and Hatamizadeh 2024, "Gated Delta Networks", arXiv:2412.06464; HF
-  ``Qwen3NextGatedDeltaNet``): a matrix ``[n_v, d_k, d_v]`` per sequence plus the last inputs
-  of a short causal convolution, the same size at 10 tokens or 1M;
+  ``Qwen3NextGatedDeltaNet``): a matrix ``[n_v, d_k, d_v]`` per sequence plus the last
+  ``k - 1`` inputs of a short causal convolution of width ``k``, the same size at 10 tokens
+  or 1M;
 * :class:`CacheLayout`, a model's layers grouped by what they keep, so a hybrid model (3
   Gated DeltaNet layers per full-attention layer) is one object;
 * :func:`gated_delta_rule`, the recurrence itself, token by token, so a chunked prefill can be
@@ -32,7 +33,8 @@ from .costmodel import kv_cache_bytes_per_token
 
 __all__ = ["with_kv_heads", "gated_deltanet_state_elements", "CacheLayout", "hybrid_layout",
            "example_layouts", "kv_per_token_rows", "kv_per_token_table", "gated_delta_rule",
-           "sparse_decode_reads", "kv_cache_size"]
+           "sparse_decode_reads", "kv_cache_size",
+           "FLASHMLA_SPARSE_FP8_ENTRY_BYTES"]
 
 
 
@@ -58,23 +60,26 @@ def with_kv_heads(config: ModelConfig, num_key_value_heads: int) -> ModelConfig:
 
 
 def gated_deltanet_state_elements(num_key_heads: int, num_value_heads: int, key_head_dim: int,
-                                  value_head_dim: int, conv_kernel_dim: int) -> dict:
+                                  value_head_dim: int, conv_kernel_dim: int,
+                                  conv_inputs_kept: int | None = None) -> dict:
     """Elements one sequence keeps in one Gated DeltaNet layer, whatever its length.
 
     ``recurrent``: the state matrix ``[n_v, d_k, d_v]`` (query/key heads are shared by
-    ``n_v / n_k`` value heads). ``conv``: the causal depthwise convolution over the q, k, v
-    channels ``2 * n_k * d_k + n_v * d_v`` keeps its last ``conv_kernel_dim`` inputs (HF
-    ``Qwen3NextDynamicCache`` keeps ``conv_kernel_dim`` columns; vLLM keeps one fewer).
-    HF names: ``linear_num_key_heads``, ``linear_num_value_heads``, ``linear_key_head_dim``,
-    ``linear_value_head_dim``, ``linear_conv_kernel_dim``.
+    ``n_v / n_k`` value heads). ``conv``: the causal depthwise convolution of width ``k =
+    conv_kernel_dim`` over the q, k, v channels ``2 * n_k * d_k + n_v * d_v`` needs the last
+    ``k - 1`` inputs to compute the next output (the new input is the ``k``-th), the default
+    of ``conv_inputs_kept`` and what vLLM keeps; HF ``Qwen3NextDynamicCache`` keeps ``k``
+    columns (pass ``conv_inputs_kept=conv_kernel_dim``). HF names: ``linear_num_key_heads``,
+    ``linear_num_value_heads``, ``linear_key_head_dim``, ``linear_value_head_dim``,
+    ``linear_conv_kernel_dim``.
 
     Returns:
         dict with ``recurrent``, ``conv`` and ``total`` (elements; times the state's bytes per
         element for bytes: HF keeps the recurrent state in float32, servers often in bf16).
 
     Raises:
-        ValueError: a count not an int >= 1, or ``num_value_heads`` not a multiple of
-            ``num_key_heads``.
+        ValueError: a count not an int >= 1, ``num_value_heads`` not a multiple of
+            ``num_key_heads``, or ``conv_inputs_kept`` outside ``[0, conv_kernel_dim]``.
     """
     for name, v in (("num_key_heads", num_key_heads), ("num_value_heads", num_value_heads),
                     ("key_head_dim", key_head_dim), ("value_head_dim", value_head_dim),
@@ -83,8 +88,12 @@ def gated_deltanet_state_elements(num_key_heads: int, num_value_heads: int, key_
     if num_value_heads % num_key_heads:
         raise ValueError(f"num_value_heads ({num_value_heads}) must be a multiple of "
                          f"num_key_heads ({num_key_heads})")
+    kept = conv_kernel_dim - 1 if conv_inputs_kept is None else conv_inputs_kept
+    if isinstance(kept, bool) or not isinstance(kept, int) or not 0 <= kept <= conv_kernel_dim:
+        raise ValueError(f"conv_inputs_kept must be an int in [0, conv_kernel_dim="
+                         f"{conv_kernel_dim}] or None, got {conv_inputs_kept!r}")
     recurrent = num_value_heads * key_head_dim * value_head_dim
-    conv = (2 * num_key_heads * key_head_dim + num_value_heads * value_head_dim) * conv_kernel_dim
+    conv = (2 * num_key_heads * key_head_dim + num_value_heads * value_head_dim) * kept
     return {"recurrent": recurrent, "conv": conv, "total": recurrent + conv}
 
 
@@ -226,29 +235,52 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     return out, S_
 
 
+FLASHMLA_SPARSE_FP8_ENTRY_BYTES = 512 + 4 * 4 + 64 * 2
+"""Bytes per token and layer of the FP8 MLA cache FlashMLA's sparse decoding kernel reads
+(FlashMLA README, FP8 KV cache of the sparse kernels for DeepSeek-V3.2): the 512-wide latent
+in FP8 (512 B), four FP32 scales, one per 128 values (16 B), and the 64-wide RoPE key kept
+in BF16 (128 B): 656."""
+
+
 def sparse_decode_reads(config: ModelConfig, context_len: int, index_topk: int,
                         index_head_dim: int, bytes_per_element: float = 2,
-                        index_bytes_per_element: float = 1) -> dict:
+                        index_bytes_per_element: float = 1,
+                        sparse_entry_bytes: float | None = FLASHMLA_SPARSE_FP8_ENTRY_BYTES) -> dict:
     """Cache bytes one decode token reads, all layers, with DeepSeek Sparse Attention
     (DeepSeek-V3.2-Exp ``inference/model.py``: an ``Indexer`` per layer caches one fp8 key of
     ``index_head_dim`` per token, scores every cached token, and attention reads only the top
     ``index_topk`` MLA entries) against dense attention over the whole context.
 
+    The selected entries are read in the layout of FlashMLA's sparse decoding kernel,
+    ``sparse_entry_bytes`` per token and layer (default
+    :data:`FLASHMLA_SPARSE_FP8_ENTRY_BYTES`, 656); ``None`` reads them as the dense cache,
+    at ``bytes_per_element``.
+
     Returns:
-        dict, bytes: ``dense`` (every entry, ``costmodel.kv_cache_bytes_per_token`` each),
+        dict, bytes: ``dense`` (every entry, ``costmodel.kv_cache_bytes_per_token`` at
+        ``bytes_per_element`` each: FlashMLA's dense kernel reads a BF16 cache),
         ``indexer`` (every indexer key), ``selected`` (``min(context_len, index_topk)``
-        entries), ``sparse`` = ``indexer + selected``. Scale factors of the fp8 keys are
-        left out.
+        entries), ``sparse`` = ``indexer + selected``. Scale factors of the fp8 indexer keys
+        are left out.
 
     Raises:
-        ValueError: counts < 1, or as ``costmodel.kv_cache_bytes_per_token``.
+        ValueError: counts < 1, ``sparse_entry_bytes <= 0``, or as
+            ``costmodel.kv_cache_bytes_per_token``.
     """
     for name, v in (("context_len", context_len), ("index_topk", index_topk),
                     ("index_head_dim", index_head_dim)):
         integer(name, v, 1)
     entry = costmodel.kv_cache_bytes_per_token(config, bytes_per_element)
+    if sparse_entry_bytes is None:
+        sparse_entry = entry
+    else:
+        if isinstance(sparse_entry_bytes, bool) or \
+                not isinstance(sparse_entry_bytes, (int, float)) or sparse_entry_bytes <= 0:
+            raise ValueError(f"sparse_entry_bytes must be a number > 0 or None, "
+                             f"got {sparse_entry_bytes!r}")
+        sparse_entry = config.num_hidden_layers * sparse_entry_bytes
     indexer = config.num_hidden_layers * context_len * index_head_dim * index_bytes_per_element
-    selected = min(context_len, index_topk) * entry
+    selected = min(context_len, index_topk) * sparse_entry
     return {"dense": context_len * entry, "indexer": indexer, "selected": selected,
             "sparse": indexer + selected}
 
