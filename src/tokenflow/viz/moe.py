@@ -358,7 +358,7 @@ def prob_text(p: float) -> str:
     return "0" if p == 0 else f"{p:.4f}" if p >= 1e-3 else f"{p:.1e}"
 
 
-def moe_routing_static(num_experts=(8, 64, 256), top_k=(2, 6), world_size=(2, 8),
+def moe_routing_static(num_experts=(8, 64, 256), top_k=(2, 6, 8), world_size=(2, 8),
                        batch_size: int = 4, seq_len: int = 64, hidden_size: int = 7168,
                        bytes_per_element: float = 2, capacity_factor: float = 1.25):
     """:func:`moe_routing_explorer` without a kernel: :func:`tokenflow.viz.routing_load_plot`
