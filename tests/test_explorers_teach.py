@@ -46,7 +46,7 @@ def test_trace_shapes_explorer_shows_what_E_changes_in_its_caption():
                                                              re.S).group(1))
     cap = re.search(r"<caption>(.*?)</caption>", ex.fragments["1-1-2"], re.S).group(1)
     k = cfg.num_experts_per_tok
-    assert f"[10, 8]" in cap and f"{10 * k / 8:g} (token, expert) pairs" in cap
+    assert "[10, 8]" in cap and f"{10 * k / 8:g} (token, expert) pairs" in cap
 
 
 def test_moe_routing_explorer_reaches_deepseek_v3_top_k():
@@ -149,3 +149,18 @@ def test_chunked_prefill_sentence_follows_the_numbers():
     assert "longest decode step took 84 ms" in s
     with pytest.raises(ValueError, match="baseline"):
         chunked_prefill_sentence(runs, 4, 1)
+
+
+def test_kv_scale_explorer_counts_llama_by_hand_and_moves_with_each_control():
+    from tokenflow.analysis.costmodel import reference_config
+    from tokenflow.viz import kv_cache_scale_static, kv_cache_scale_table
+    llama = reference_config("Llama-3-8B")
+    t = kv_cache_scale_table(llama, 8192, 32, 8)
+    # 32 layers x 2 (K, V) x 8 heads x 128 x 2 B = 128 KiB per token
+    assert t.rows[1][1] == pytest.approx(32 * 8192 * 128 / 2**20)
+    assert t.rows[2][1] == pytest.approx(t.rows[0][1] + t.rows[1][1])
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        kv_cache_scale_table(llama, 8192, 1, 3)
+    ex = kv_cache_scale_static(llama, context=(1024, 8192), batch=(1, 32), kv_heads=(1, 8, 32),
+                               default={"S": 8192, "B": 32, "kv_heads": 8})
+    _each_control_changes_the_output(ex)

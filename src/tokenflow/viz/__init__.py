@@ -42,7 +42,8 @@ from .hidden import (topk_bar, hidden_state_heatmap, residual_stream_plot, shape
                      hidden_size_static, residual_stream_table, residual_stream_static)
 from .attention import (attention_context_plot, attention_head_heatmap, kv_cache_growth_plot,
                         cache_per_sequence_plot, kv_cache_summary, kv_cache_explorer,
-                        attention_explorer, attention_static, kv_cache_static, kv_per_token_view)
+                        attention_explorer, attention_static, kv_cache_static, kv_per_token_view,
+                        kv_cache_scale_table, kv_cache_scale_static)
 from .moe import (moe_flow_diagram, routing_heatmap, dispatch_combine_diagram, expert_load_bar,
                   traffic_heatmap, routing_load_plot, moe_comm_bars, moe_routing_summary,
                   moe_routing_explorer, prob_text, moe_routing_static)
@@ -74,7 +75,8 @@ from .recap import line_figure
 __all__ = ["explore", "serving_view", "SERVING_CONTROLS", "chunked_prefill_time_plot",
            "chunked_prefill_sentence", "block_table_rows", "block_table_figure",
            "kv_slot_usage", "kv_slot_figure", "kv_slot_table", "trace_shapes_view",
-           "trace_shapes_explorer", "display_width", "pad", "format_bytes", "say", "Table",
+           "trace_shapes_explorer", "kv_cache_scale_table", "kv_cache_scale_static",
+           "display_width", "pad", "format_bytes", "say", "Table",
            "agree", "Agreement",
            "precomputed_explorer",
            "PrecomputedExplorer", "MAX_OUTPUTS", "MAX_HTML_BYTES", "setup_notebook",

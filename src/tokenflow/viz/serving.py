@@ -554,13 +554,14 @@ def batching_times_table(results: dict):
 
 
 # --------------------------------------------------------------------- chapter 08: chunks
-def chunked_prefill_time_plot(runs: dict, long_id, title: str = ""):
+def chunked_prefill_time_plot(runs: dict, long_id, decode_id=0, title: str = ""):
     """Chunked prefill on a time axis: one lane per run (``runs``: ``{budget: engine}``, the
     engines that served the same requests), each engine step a bar as long as its measured
     time, laid end to end from the first step: blue when it carries a prompt chunk of request
-    ``long_id``, green when it only decodes. A decoding request gets one token per step, so a
-    long blue bar is a stall in every decoding request's stream; the lane's label gives the
-    longest step that decoded. A black tick marks ``long_id``'s first token.
+    ``long_id``, green when it only decodes. Above each lane a tick marks every token request
+    ``decode_id`` got (a decoding request gets one per step), so a gap between ticks is a
+    stall in its stream; the lane's label gives the longest step that decoded. A black bar
+    marks ``long_id``'s first token.
 
     Raises:
         ValueError: if ``runs`` is empty or a run has no step.
@@ -568,30 +569,36 @@ def chunked_prefill_time_plot(runs: dict, long_id, title: str = ""):
     from matplotlib.patches import Patch
     if not runs:
         raise ValueError("runs must map at least one budget to an engine")
-    fig, ax = plt.subplots(figsize=(9.5, 0.75 * len(runs) + 1.5))
+    fig, ax = plt.subplots(figsize=(9.5, 0.9 * len(runs) + 1.5))
     labels = []
     for row, (budget, eng) in enumerate(runs.items()):
         if not eng.steps:
             raise ValueError(f"run {budget!r} has no step")
-        t = 0.0
+        t, first, ticks = 0.0, None, []
         for s in eng.steps:
             ms = s.seconds * 1e3
             chunk = any(rid == long_id for rid, _ in s.prefill)
-            ax.broken_barh([(t, ms)], (row - 0.35, 0.7), lw=1.2, edgecolor="white",
-                           color=COLORS["hidden"] if chunk else COLORS["token"])
-            if long_id in s.sampled and not any(long_id in x.sampled
-                                                for x in eng.steps[:s.index]):
-                ax.plot([t + ms] * 2, [row - 0.45, row + 0.45], color="black", lw=1.5)
+            ax.broken_barh([(t, ms)], (row - 0.3, 0.6), lw=0,
+                           facecolor=COLORS["hidden"] if chunk else COLORS["token"])
+            if first is None and long_id in s.sampled:
+                first = t + ms
+            if decode_id in s.sampled:
+                ticks.append(t + ms)
             t += ms
+        ax.plot(ticks, [row - 0.4] * len(ticks), "|", color="black", ms=7, mew=1)
+        if first is not None:
+            ax.plot([first] * 2, [row - 0.32, row + 0.32], color="black", lw=2.5)
         worst = max((s.seconds for s in eng.steps if s.decode), default=0.0) * 1e3
         labels.append(f"budget {budget:,}\nlongest decode step {worst:.0f} ms")
     ax.set_yticks(range(len(runs)), labels, fontsize=9)
-    ax.set_ylim(len(runs) + 0.2, -0.5)              # room for the legend below the lanes
-    ax.set_xlabel("time since the first step (ms, this CPU); a white gap: a step's end")
+    ax.set_ylim(len(runs) + 0.2, -0.7)              # room for the legend below the lanes
+    ax.set_xlabel("time since the first step (ms, this CPU)")
     ax.legend(handles=[Patch(color=COLORS["hidden"], label=f"step with a chunk of request "
                              f"{long_id}'s prompt"),
-                       Patch(color=COLORS["token"], label="decode-only step")],
-              fontsize=9, loc="lower right", ncol=2)
+                       Patch(color=COLORS["token"], label="decode-only step"),
+                       plt.Line2D([], [], color="black", marker="|", ls="", ms=7,
+                                  label=f"a token of request {decode_id}")],
+              fontsize=9, loc="lower right", ncol=3)
     ax.set_title(title or "engine steps on a time axis: the decode stall", fontsize=10)
     fig.tight_layout()
     return fig
