@@ -310,8 +310,8 @@ def serving_view(counts: dict):
     tokens fill (green) and those its last block leaves unused (grey), with the totals."""
     c = counts
     n = c["batch_size"]
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9.5, 0.3 * n + 4.2),
-                                 gridspec_kw={"height_ratios": [1.3, 1]})
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9.5, 0.12 * n + 3.6),
+                                 gridspec_kw={"height_ratios": [0.4 + 0.06 * n, 1]})
     _draw_timeline(a1, c["timelines"])
     a1.set_title(f"{_lengths_text(c)}: {c['steps']} steps on {c['max_num_seqs']} seats",
                  fontsize=10)
@@ -330,7 +330,7 @@ def serving_view(counts: dict):
     return fig
 
 
-SERVING_CONTROLS = {"requests": [4, 8, 16], "seats": [1, 2, 4, 8], "block": [4, 16]}
+SERVING_CONTROLS = {"requests": [4, 8, 16], "seats": [1, 2, 4], "block": [4, 16]}
 """The chapter's serving explorer grid: requests arriving together, ``max_num_seqs``, block
 size."""
 
