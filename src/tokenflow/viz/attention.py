@@ -252,10 +252,10 @@ def attention_static(attention_weights: dict, q_labels: list[str], k_labels: lis
     """Kernel-less explorer of :func:`tokenflow.viz.attention_head_heatmap` over every
     layer and head of ``{layer: [B, n_heads, S_q, S_k]}`` weights (``default``: the
     ``layer`` / ``head`` shown first). Figures are inline SVG (half the bytes of PNG here)."""
-    from .static import precomputed_explorer
+    from .static import explore
     layers = sorted(attention_weights)
     nh = attention_weights[layers[0]].shape[1]
-    return precomputed_explorer(
+    return explore(
         lambda layer, head: attention_head_heatmap(attention_weights[layer][batch_index, head],
                                                    q_labels, k_labels,
                                                    title=f"layer {layer}, head {head}"),
@@ -266,10 +266,10 @@ def kv_cache_static(config, seq_len=(1, 16, 64, 128), batch_size: int = 1,
                     dtype_name: str = "bf16"):
     """Kernel-less explorer of :func:`kv_cache_summary` over sequence lengths and every
     K/V-head count that divides the query heads (MQA ... MHA)."""
-    from .static import precomputed_explorer
+    from .static import explore
     divisors = [d for d in range(1, config.num_attention_heads + 1)
                 if config.num_attention_heads % d == 0]
-    return precomputed_explorer(
+    return explore(
         lambda S, kv_heads: kv_cache_summary(config, batch_size, S, kv_heads, dtype_name),
         {"S": list(seq_len), "kv_heads": divisors},
         default={"S": seq_len[-1], "kv_heads": config.num_key_value_heads},

@@ -373,7 +373,7 @@ def moe_routing_static(num_experts=(8, 64, 256), top_k=(2, 6, 8), world_size=(2,
     from tokenflow.parallel.expert_parallel import simulate_routing
 
     from .fmt import format_bytes
-    from .static import precomputed_explorer
+    from .static import explore
 
     def show(**kw):
         E, K, W = kw["experts E"], kw["top-k K"], kw["EP ranks W"]
@@ -383,7 +383,7 @@ def moe_routing_static(num_experts=(8, 64, 256), top_k=(2, 6, 8), world_size=(2,
         return routing_load_plot(r, title=(
             f"E={E}, K={K}, {r['tokens']} tokens on W={W}: {r['dropped']} pairs over capacity, "
             f"{format_bytes(r['dispatch_bytes'])} dispatched"))
-    return precomputed_explorer(
+    return explore(
         show, {"experts E": list(num_experts), "top-k K": list(top_k),
                "EP ranks W": list(world_size)},
         title=f"B x S = {batch_size} x {seq_len} random tokens, H = {hidden_size}, "

@@ -100,11 +100,11 @@ def decode_trace_static(config, batch_size=(1, 2, 4, 8), seq_len=(1, 8, 32),
                         num_experts=(4, 8, 16)):
     """:func:`decode_trace_explorer` without a kernel: :func:`decode_trace_summary` for every
     ``(B, S, E)`` of the grid (random weights: only the shapes mean anything)."""
-    from .static import precomputed_explorer
+    from .static import explore
 
     def show(**kw):
         return decode_trace_summary(config, kw["batch B"], kw["seq len S"], kw["experts E"])
-    return precomputed_explorer(
+    return explore(
         show, {"batch B": list(batch_size), "seq len S": list(seq_len),
                "experts E": list(num_experts)},
         title="trace of a random-weight model, blocks 0 and 1",
