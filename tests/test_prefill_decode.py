@@ -188,14 +188,13 @@ def test_serving_panel_counts_by_hand(model, capsys):
     text = capsys.readouterr().out
     assert "steps: 8, 2 with prefill" in text
     assert "decode rows per step: mean 2.00, max 2" in text
-    assert "KV blocks per request: 3 (12 slots for 12 tokens, 0 unused)" in text
+    assert "KV blocks: 12 (48 slots for 48 tokens, 0 unused)" in text
     assert "12 blocks, at most 6 in use at once" in text
     with pytest.raises(ValueError, match="prompt_len"):
         plots.serving_panel(model, list(range(4, 40)), prompt_len=0)
     plt.close("all")
     w = serving_explorer(model, list(range(4, 2000)))
-    assert [c.description for c in w.children[:5]] == ["requests", "prompt len", "output len",
-                                                        "max seqs", "block size"]
+    assert [c.description for c in w.children[:3]] == ["requests", "seats", "block"]
 
 
 def test_timeline_table_lists_every_request(model):
@@ -214,20 +213,18 @@ def test_timeline_table_lists_every_request(model):
 
 
 def test_serving_static_tables_count_by_hand(model):
-    """The kernel-less explorer's tables hold serving_counts' numbers: 4 requests of 8 + 4
-    tokens on 2 seats with blocks of 4 run in two waves of 1 prefill + 3 decode steps (8
-    steps), 3 blocks each with no slot left over, 6 blocks busy at once."""
+    """serving_summary_table holds serving_counts' numbers: 4 requests of 8 + 4 tokens on 2
+    seats with blocks of 4 run in two waves of 1 prefill + 3 decode steps (8 steps), 3 blocks
+    each with no slot left over, 6 blocks busy at once; the explorer embeds every setting."""
     from tokenflow.viz import serving_static, serving_summary_table
     ids = list(range(4, 40))
     t = serving_summary_table(plots.serving_counts(model, ids, 4, 8, 4, 2, 4))
     assert dict(t.rows)["engine steps"] == 8 and dict(t.rows)["steps with a prefill"] == 2
-    assert dict(t.rows)["slots per request (unused)"] == "12 (0)"
+    assert dict(t.rows)["KV slots (unused)"] == "48 (0)"
     assert dict(t.rows)["blocks in use at the busiest step"] == 6
-    ex = serving_static(model, ids, requests=(2, 4), max_num_seqs=(2, 4), block_size=(4,),
-                        prompt_len=8, output_len=4)
+    ex = serving_static(model, ids, controls={"requests": [2, 4], "seats": [2, 4],
+                                              "block": [4]}, prompt_len=8, output_len=4)
     assert len(ex.fragments) == 4
-    # 4 requests, 4 seats: one wave, 1 prefill + 3 decode steps
-    assert "<td style=\"text-align:right\">4</td>" in ex.fragments["1-1-0"]
 
 
 def test_timeline_view_has_the_rows_of_timeline_table(model):

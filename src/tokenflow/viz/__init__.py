@@ -6,7 +6,8 @@ is split by topic, one module per chapter theme:
 =================  ===========================================================
 ``fmt``            text helpers: :class:`Table`, :func:`say`, :func:`format_bytes`, widths,
                    :func:`agree` (agreement printed as a claim with its tolerance)
-``static``         :func:`precomputed_explorer`: sliders that work without a kernel
+``static``         :func:`explore`: one explorer, precomputed (sliders that work without a
+                   kernel) or live (``ipywidgets``); :func:`precomputed_explorer`
 ``style``          notebook setup; registers the font every figure draws with (``fonts``)
 ``fonts``          the bundled font (Noto Sans CJK SC subset, OFL) and its rcParams
 ``diagram``        the token-flow diagram (Mermaid) and trace rows tied to its boxes
@@ -15,6 +16,7 @@ is split by topic, one module per chapter theme:
 ``moe``            chapter 03: routing, dispatch / combine, expert load, all-to-all
 ``sampling``       chapter 04: vocabulary scores, temperature, top-k / top-p
 ``serving``        chapter 05: phases, batching, the engine timeline, steps and runs as tables
+``paging``         chapter 05: block tables, KV slots paged vs reserved contiguously
 ``packing``        chapter 05: one step and whole runs padded vs packed, preemptions
 ``peer``           chapter 05: our engine next to vLLM on the same requests (stored run)
 ``lens``           chapter 06: the logit lens, its readings as tables and a sentence
@@ -30,7 +32,8 @@ and ipywidgets load with it.
 from types import ModuleType as _ModuleType
 
 from .fmt import (display_width, pad, format_bytes, say, Table, agree, Agreement)
-from .static import (precomputed_explorer, PrecomputedExplorer, MAX_OUTPUTS, MAX_HTML_BYTES)
+from .static import (explore, precomputed_explorer, PrecomputedExplorer, MAX_OUTPUTS,
+                     MAX_HTML_BYTES)
 from .style import (setup_notebook, use_book_font)
 from .diagram import (DIAGRAM_PATH, TRACE_NODE, Edge, Diagram, parse_mermaid, load_diagram,
                       token_flow_diagram, node_of, diagram_trace_table, trace_decode_step,
@@ -41,7 +44,8 @@ from .hidden import (topk_bar, hidden_state_heatmap, residual_stream_plot, shape
                      hidden_size_static, residual_stream_table, residual_stream_static)
 from .attention import (attention_context_plot, attention_head_heatmap, kv_cache_growth_plot,
                         cache_per_sequence_plot, kv_cache_summary, kv_cache_explorer,
-                        attention_explorer, attention_static, kv_cache_static, kv_per_token_view)
+                        attention_explorer, attention_static, kv_cache_static, kv_per_token_view,
+                        kv_cache_scale_table, kv_cache_scale_static)
 from .moe import (moe_flow_diagram, routing_heatmap, dispatch_combine_diagram, expert_load_bar,
                   traffic_heatmap, routing_load_plot, moe_comm_bars, moe_routing_summary,
                   moe_routing_explorer, prob_text, moe_routing_static)
@@ -49,9 +53,13 @@ from .sampling import (vocab_scores, temperature_curves, sampling_bars, frequenc
                        sampling_panel, sampling_controls, sampling_explorer, sampling_static)
 from .serving import (phase_times_plot, decode_batch_plot, arithmetic_intensity_plot,
                       serving_timeline, batch_composition_plot, batching_comparison_plot,
-                      serving_counts, serving_panel, serving_explorer, timeline_table,
+                      serving_counts, serving_panel, serving_view, SERVING_CONTROLS,
+                      serving_explorer, timeline_table, chunked_prefill_time_plot,
+                      chunked_prefill_sentence,
                       timeline_view, serving_summary_table, serving_static, workload_summary,
                       step_table, batching_table, batching_times_table)
+from .paging import (block_table_rows, block_table_figure, kv_slot_usage, kv_slot_figure,
+                     kv_slot_table)
 from .packing import (step_layout, packed_step_figure, mark_preemptions, packing_table,
                       packing_summary, preemption_report)
 from .peer import peer_table, peer_summary, counterparts_table
@@ -60,6 +68,7 @@ from .lens import (logit_lens_heatmap, logit_lens_topk, logit_lens_explorer, log
                    logit_lens_answers)
 from .trace_tables import (decode_trace_summary, decode_trace_explorer, trace_table,
                            TRACE_SHAPES_WHERE, trace_shapes_table, trace_shapes_static,
+                           trace_shapes_view, trace_shapes_explorer,
                            decode_trace_static, WEIGHT_PARTS, step_bytes_table)
 from .roofline import (lens_bars, roofline_summary, roofline_bars, roofline_panel,
                        roofline_explorer, roofline_table, roofline_static)

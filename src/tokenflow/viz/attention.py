@@ -14,7 +14,8 @@ from .hidden import _as_2d
 
 __all__ = ["attention_context_plot", "attention_head_heatmap", "kv_cache_growth_plot",
            "cache_per_sequence_plot", "kv_cache_summary", "kv_cache_explorer",
-           "attention_explorer", "attention_static", "kv_cache_static", "kv_per_token_view"]
+           "attention_explorer", "attention_static", "kv_cache_static", "kv_per_token_view",
+           "kv_cache_scale_table", "kv_cache_scale_static"]
 
 
 def attention_context_plot(attention_weights: dict, tokens: list[str], query_index: int = -1,
@@ -251,10 +252,10 @@ def attention_static(attention_weights: dict, q_labels: list[str], k_labels: lis
     """Kernel-less explorer of :func:`tokenflow.viz.attention_head_heatmap` over every
     layer and head of ``{layer: [B, n_heads, S_q, S_k]}`` weights (``default``: the
     ``layer`` / ``head`` shown first). Figures are inline SVG (half the bytes of PNG here)."""
-    from .static import precomputed_explorer
+    from .static import explore
     layers = sorted(attention_weights)
     nh = attention_weights[layers[0]].shape[1]
-    return precomputed_explorer(
+    return explore(
         lambda layer, head: attention_head_heatmap(attention_weights[layer][batch_index, head],
                                                    q_labels, k_labels,
                                                    title=f"layer {layer}, head {head}"),
@@ -265,15 +266,65 @@ def kv_cache_static(config, seq_len=(1, 16, 64, 128), batch_size: int = 1,
                     dtype_name: str = "bf16"):
     """Kernel-less explorer of :func:`kv_cache_summary` over sequence lengths and every
     K/V-head count that divides the query heads (MQA ... MHA)."""
-    from .static import precomputed_explorer
+    from .static import explore
     divisors = [d for d in range(1, config.num_attention_heads + 1)
                 if config.num_attention_heads % d == 0]
-    return precomputed_explorer(
+    return explore(
         lambda S, kv_heads: kv_cache_summary(config, batch_size, S, kv_heads, dtype_name),
         {"S": list(seq_len), "kv_heads": divisors},
         default={"S": seq_len[-1], "kv_heads": config.num_key_value_heads},
         title=f"{config.name}: KV cache for sequence length S and K/V heads ({dtype_name})",
         live_below=True)
+
+
+def kv_cache_scale_table(config, context: int, batch: int, num_key_value_heads: int,
+                         device_memory_bytes: float = 80e9, bytes_per_element: float = 2):
+    """A published ``config`` at serving scale, with ``num_key_value_heads`` K/V heads, from
+    the cost model: its weights (:func:`~tokenflow.analysis.costmodel.weight_bytes_per_device`)
+    and the KV cache of ``batch`` sequences of ``context`` tokens
+    (:func:`~tokenflow.analysis.costmodel.kv_cache_bytes`), in GiB and as shares of one
+    device of ``device_memory_bytes``; titled with the most such sequences that fit
+    (:func:`~tokenflow.analysis.costmodel.max_batch_size`, 90% of the memory). A
+    :class:`tokenflow.viz.Table`.
+
+    Raises:
+        ValueError: a ``num_key_value_heads`` that does not divide the query heads, and as the
+            cost-model functions.
+    """
+    import dataclasses
+
+    from tokenflow.analysis.costmodel import kv_cache_bytes, max_batch_size, \
+        weight_bytes_per_device
+
+    from .fmt import Table
+    nh = config.num_attention_heads
+    if (isinstance(num_key_value_heads, bool) or not isinstance(num_key_value_heads, int)
+            or num_key_value_heads < 1 or nh % num_key_value_heads):
+        raise ValueError(f"num_key_value_heads must divide num_attention_heads={nh}, "
+                         f"got {num_key_value_heads!r}")
+    c = dataclasses.replace(config, num_key_value_heads=num_key_value_heads)
+    w = weight_bytes_per_device(c, bytes_per_param=bytes_per_element)["total"]
+    kv = kv_cache_bytes(c, batch, context, bytes_per_element)
+    fit = max_batch_size(c, context, device_memory_bytes, bytes_per_param=bytes_per_element,
+                         kv_bytes_per_element=bytes_per_element)
+    gb = device_memory_bytes / 1e9
+    rows = [["weights", w / 2**30, w / device_memory_bytes],
+            [f"KV cache, B={batch} x S={context:,}", kv / 2**30, kv / device_memory_bytes],
+            ["together", (w + kv) / 2**30, (w + kv) / device_memory_bytes]]
+    kind = "MHA" if num_key_value_heads == nh else "MQA" if num_key_value_heads == 1 else "GQA"
+    return Table(rows, ["", "GiB", f"share of {gb:g} GB"], digits=[0, 1, 2], align="<>>",
+                 title=f"{config.name}, {num_key_value_heads} KV heads ({kind}): at most "
+                       f"{fit} sequences of {context:,} tokens fit one {gb:g} GB device")
+
+
+def kv_cache_scale_static(config, context=(1024, 2048, 4096, 8192), batch=(1, 8, 32, 128),
+                          kv_heads=(1, 8, 32), default: dict | None = None):
+    """Kernel-less explorer of :func:`kv_cache_scale_table` over the context, the batch and
+    the K/V-head count (:func:`tokenflow.viz.explore`; at most 48 combinations)."""
+    from .static import explore
+    return explore(lambda S, B, kv_heads: kv_cache_scale_table(config, S, B, kv_heads),
+                   {"S": list(context), "B": list(batch), "kv_heads": list(kv_heads)},
+                   default=default, title=f"{config.name} at serving scale (bf16)")
 
 
 def kv_per_token_view(layouts: list, contexts: list, bytes_per_element: float = 2):

@@ -364,8 +364,8 @@ def hidden_size_static(hidden_size: int, vocab_size: int, batch=(1, 4, 8, 16),
                        seq_len=(1, 512, 4096, 8192), default=None):
     """Kernel-less explorer of :func:`size_table` of :func:`hidden_state_sizes` over the
     given ``B`` and ``S`` values, for fixed ``H`` and ``V``."""
-    from .static import precomputed_explorer
-    return precomputed_explorer(
+    from .static import explore
+    return explore(
         lambda B, S: size_table(hidden_state_sizes(B, S, hidden_size, vocab_size)),
         {"B": list(batch), "S": list(seq_len)}, default=default,
         title=f"tensor sizes for H = {hidden_size:,}, V = {vocab_size:,}", live_below=True)
@@ -402,8 +402,8 @@ def residual_stream_static(hidden_states, tokens: list[str], token_index: int = 
     """Kernel-less explorer of :func:`tokenflow.viz.residual_stream_plot` with a token
     selector: one figure per token (every depth is a row of each figure), starting at
     ``token_index``. Figures are inline SVG."""
-    from .static import precomputed_explorer
+    from .static import explore
     options = [f"{i} {t}" for i, t in enumerate(tokens)]
-    return precomputed_explorer(
+    return explore(
         lambda token: residual_stream_plot(hidden_states, options.index(token), tokens),
         {"token": options}, default={"token": options[token_index]}, kind="svg", live_below=True)

@@ -125,14 +125,14 @@ def logit_lens_static(lens, tokenizer, tokens: list[str], token_ids=(), k: int =
     """:func:`logit_lens_explorer` without a kernel: :func:`logit_lens_topk` for every depth
     and position of ``lens [L+1, B, S, V]`` (batch row 0). Shows the last depth and position
     first."""
-    from .static import precomputed_explorer
+    from .static import explore
     n_depth = lens.shape[0]
     names = [f"{i} {t}" for i, t in enumerate(tokens)]
 
     def show(**kw):
         return logit_lens_topk(lens, tokenizer, kw["depth"], names.index(kw["position"]),
                                token_ids, k=k)
-    return precomputed_explorer(show, {"depth": list(range(n_depth)), "position": names},
+    return explore(show, {"depth": list(range(n_depth)), "position": names},
                                 title="logit lens: top tokens at one depth and position",
                                 default={"depth": n_depth - 1, "position": names[-1]},
                                 live_below=True)

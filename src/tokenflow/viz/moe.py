@@ -358,7 +358,7 @@ def prob_text(p: float) -> str:
     return "0" if p == 0 else f"{p:.4f}" if p >= 1e-3 else f"{p:.1e}"
 
 
-def moe_routing_static(num_experts=(8, 64, 256), top_k=(2, 6), world_size=(2, 8),
+def moe_routing_static(num_experts=(8, 64, 256), top_k=(2, 6, 8), world_size=(2, 8),
                        batch_size: int = 4, seq_len: int = 64, hidden_size: int = 7168,
                        bytes_per_element: float = 2, capacity_factor: float = 1.25):
     """:func:`moe_routing_explorer` without a kernel: :func:`tokenflow.viz.routing_load_plot`
@@ -373,7 +373,7 @@ def moe_routing_static(num_experts=(8, 64, 256), top_k=(2, 6), world_size=(2, 8)
     from tokenflow.parallel.expert_parallel import simulate_routing
 
     from .fmt import format_bytes
-    from .static import precomputed_explorer
+    from .static import explore
 
     def show(**kw):
         E, K, W = kw["experts E"], kw["top-k K"], kw["EP ranks W"]
@@ -383,7 +383,7 @@ def moe_routing_static(num_experts=(8, 64, 256), top_k=(2, 6), world_size=(2, 8)
         return routing_load_plot(r, title=(
             f"E={E}, K={K}, {r['tokens']} tokens on W={W}: {r['dropped']} pairs over capacity, "
             f"{format_bytes(r['dispatch_bytes'])} dispatched"))
-    return precomputed_explorer(
+    return explore(
         show, {"experts E": list(num_experts), "top-k K": list(top_k),
                "EP ranks W": list(world_size)},
         title=f"B x S = {batch_size} x {seq_len} random tokens, H = {hidden_size}, "

@@ -193,8 +193,8 @@ def roofline_static(config, hw_names=("H800", "H200"), batch=(1, 8, 64, 256),
     """Kernel-less explorer of :func:`roofline_table` over hardware presets, batch per device
     and expert-parallel size, at one context length and phase (``kw``: the other arguments
     of :func:`tokenflow.viz.roofline_summary`). Raises as ``roofline_summary``."""
-    from .static import precomputed_explorer
-    return precomputed_explorer(
+    from .static import explore
+    return explore(
         lambda hardware, batch, EP: roofline_table(roofline_summary(
             config, hardware, phase, batch, context_len, EP, **kw)),
         {"hardware": list(hw_names), "batch": list(batch), "EP": list(ep_size)},

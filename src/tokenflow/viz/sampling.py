@@ -256,12 +256,12 @@ def sampling_static(logits, tokenizer, temperature=(0.5, 1.0, 2.0), top_k=(3, 50
         ValueError: as :func:`tokenflow.viz.precomputed_explorer` or
             :func:`tokenflow.inference.sampling.filter_logits`.
     """
-    from .static import precomputed_explorer
+    from .static import explore
 
     def show(**kw):
         return sampling_panel(logits, tokenizer, kw["temperature"], kw["top-k"], kw["top-p"],
                               kw["min-p"], n=n, seed=seed, quiet=True)
-    return precomputed_explorer(
+    return explore(
         show, {"temperature": list(temperature), "top-k": list(top_k), "top-p": list(top_p),
                "min-p": list(min_p)},
         title=f"the {n} most likely tokens; drawn with seed {seed}",

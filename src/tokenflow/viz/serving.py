@@ -5,16 +5,17 @@ Part of :mod:`tokenflow.viz`, the only package that draws; nothing below it impo
 """
 from __future__ import annotations
 
-import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
 from tokenflow.analysis.trace import COLORS
 
 __all__ = ["phase_times_plot", "decode_batch_plot", "arithmetic_intensity_plot",
            "serving_timeline", "batch_composition_plot", "batching_comparison_plot",
-           "serving_counts", "serving_panel", "serving_explorer", "timeline_table",
+           "serving_counts", "serving_panel", "serving_view", "SERVING_CONTROLS",
+           "serving_explorer", "timeline_table",
            "timeline_view", "serving_summary_table", "serving_static", "workload_summary",
-           "step_table", "batching_table", "batching_times_table"]
+           "step_table", "batching_table", "batching_times_table",
+           "chunked_prefill_time_plot", "chunked_prefill_sentence"]
 
 
 # --------------------------------------------------------------------- chapter 05 (F5)
@@ -128,12 +129,21 @@ def serving_timeline(timelines, title: str = "", max_steps: int | None = None):
     Raises:
         ValueError: if ``timelines`` is empty.
     """
-    from matplotlib.patches import Patch
     if not timelines:
         raise ValueError("timelines must be a non-empty list of RequestTimeline")
-    colour = {"prefill": COLORS["hidden"], "decode": COLORS["token"], "wait": _WAIT}
     n = len(timelines)
     fig, ax = plt.subplots(figsize=(9.5, 0.22 * n + 1.6))
+    _draw_timeline(ax, timelines, max_steps)
+    ax.set_title(title or "requests over engine steps", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_timeline(ax, timelines, max_steps: int | None = None) -> None:
+    """:func:`serving_timeline`'s rows drawn on ``ax``."""
+    from matplotlib.patches import Patch
+    colour = {"prefill": COLORS["hidden"], "decode": COLORS["token"], "wait": _WAIT}
+    n = len(timelines)
     last = 0
     for row, r in enumerate(timelines):
         for state in colour:
@@ -149,9 +159,6 @@ def serving_timeline(timelines, title: str = "", max_steps: int | None = None):
     ax.set_xlabel("engine step")
     ax.legend(handles=[Patch(color=c, label=s) for s, c in colour.items()], fontsize=9,
               loc="upper right", ncol=3)
-    ax.set_title(title or "requests over engine steps", fontsize=10)
-    fig.tight_layout()
-    return fig
 
 
 def batch_composition_plot(steps, title: str = ""):
@@ -209,18 +216,21 @@ def batching_comparison_plot(results: dict, title: str = ""):
 
 
 def serving_counts(model, token_ids: list[int], batch_size: int = 8, prompt_len: int = 16,
-                   output_len: int = 16, max_num_seqs: int = 4, block_size: int = 16) -> dict:
-    """Serve ``batch_size`` requests of ``prompt_len`` prompt tokens (consecutive slices of
-    ``token_ids``, so no two share a prefix) and ``output_len`` generated tokens each, all
-    arriving at once, with :class:`tokenflow.serving.LLMEngine`, and count what happened
-    (steps and KV blocks; no times, so the counts are the same on every machine).
+                   output_len: int = 16, max_num_seqs: int = 4, block_size: int = 16,
+                   length_step: int = 0) -> dict:
+    """Serve ``batch_size`` requests (consecutive slices of ``token_ids``, so no two share a
+    prefix) of ``output_len`` generated tokens each, all arriving at once, with
+    :class:`tokenflow.serving.LLMEngine`, and count what happened (steps and KV blocks; no
+    times, so the counts are the same on every machine). Request ``i`` has
+    ``prompt_len - (i % 4) * length_step`` prompt tokens (at least 1): with a ``length_step``
+    the lengths differ and a block size that does not divide them leaves slots unused.
 
     Returns:
         dict: ``steps``, ``prefill_steps``, ``mean_rows`` / ``max_rows`` (decode rows per
-        step with decode), ``blocks_per_request``, ``slots_per_request``, ``tokens_per_request``,
-        ``unused_slots`` (per request), ``pool_blocks``, ``peak_blocks`` (most in use at
-        once), ``timelines`` (:class:`tokenflow.serving.RequestTimeline` list) and the
-        arguments.
+        step with decode); per request the lists ``tokens`` (prompt + output), ``blocks`` and
+        ``slots`` (``blocks * block_size``); ``unused_slots`` (their total minus the tokens'),
+        ``pool_blocks``, ``peak_blocks`` (most in use at once), ``timelines``
+        (:class:`tokenflow.serving.RequestTimeline` list) and the arguments.
 
     Raises:
         ValueError: a setting outside its range (the message names it), or ``token_ids``
@@ -232,84 +242,114 @@ def serving_counts(model, token_ids: list[int], batch_size: int = 8, prompt_len:
         request_timeline,
         run_with_arrivals,
     )
-    for name, v in (("batch_size", batch_size), ("prompt_len", prompt_len),
-                    ("output_len", output_len), ("max_num_seqs", max_num_seqs),
-                    ("block_size", block_size)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-    total = prompt_len + output_len
-    if total > model.config.max_position_embeddings:
+    for name, v, lo in (("batch_size", batch_size, 1), ("prompt_len", prompt_len, 1),
+                        ("output_len", output_len, 1), ("max_num_seqs", max_num_seqs, 1),
+                        ("block_size", block_size, 1), ("length_step", length_step, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+    if prompt_len + output_len > model.config.max_position_embeddings:
         raise ValueError(f"prompt_len + output_len must be <= max_position_embeddings="
-                         f"{model.config.max_position_embeddings}, got {total}")
+                         f"{model.config.max_position_embeddings}, "
+                         f"got {prompt_len + output_len}")
     if len(token_ids) < batch_size * prompt_len:
         raise ValueError(f"token_ids must hold batch_size * prompt_len = "
                          f"{batch_size * prompt_len} ids, got {len(token_ids)}")
-    per_req = -(-total // block_size)
-    engine = LLMEngine(model, num_blocks=batch_size * per_req, block_size=block_size,
+    lens = [max(1, prompt_len - (i % 4) * length_step) for i in range(batch_size)]
+    tokens = [n + output_len for n in lens]
+    blocks = [-(-t // block_size) for t in tokens]
+    engine = LLMEngine(model, num_blocks=sum(blocks), block_size=block_size,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=1024,
                        enable_prefix_caching=False)
-    prompts = [list(token_ids[i * prompt_len:(i + 1) * prompt_len]) for i in range(batch_size)]
+    prompts = [list(token_ids[i * prompt_len:i * prompt_len + n]) for i, n in enumerate(lens)]
     _, arrivals = run_with_arrivals(engine, prompts, SamplingParams(output_len, ignore_eos=True),
                                     [0] * batch_size)
     steps = engine.steps
     dec = [len(s.decode) for s in steps if s.decode]
     return dict(batch_size=batch_size, prompt_len=prompt_len, output_len=output_len,
-                max_num_seqs=max_num_seqs, block_size=block_size,
+                max_num_seqs=max_num_seqs, block_size=block_size, length_step=length_step,
                 steps=len(steps), prefill_steps=sum(bool(s.prefill) for s in steps),
                 mean_rows=sum(dec) / max(len(dec), 1), max_rows=max(dec, default=0),
-                blocks_per_request=per_req, slots_per_request=per_req * block_size,
-                tokens_per_request=total, unused_slots=per_req * block_size - total,
+                tokens=tokens, blocks=blocks, slots=[b * block_size for b in blocks],
+                unused_slots=sum(blocks) * block_size - sum(tokens),
                 pool_blocks=engine.block_manager.num_blocks,
                 peak_blocks=engine.block_manager.num_blocks
                 - min(s.num_free_blocks for s in steps),
                 timelines=request_timeline(engine, arrivals))
 
 
+def _lengths_text(c: dict) -> str:
+    lens = sorted({t - c["output_len"] for t in c["tokens"]}, reverse=True)
+    return (f"{c['batch_size']} requests x ({'/'.join(map(str, lens))} prompt + "
+            f"{c['output_len']} new tokens)")
+
+
 def serving_panel(model, token_ids: list[int], batch_size: int = 8, prompt_len: int = 16,
-                  output_len: int = 16, max_num_seqs: int = 4, block_size: int = 16):
+                  output_len: int = 16, max_num_seqs: int = 4, block_size: int = 16,
+                  length_step: int = 0):
     """Print the step and KV-block counts of :func:`serving_counts` (same arguments) and
-    draw :func:`serving_timeline`. Counts only (no times), so the printed text is the same
+    draw :func:`serving_view`. Counts only (no times), so the printed text is the same
     on every machine.
 
     Raises:
         ValueError: as :func:`serving_counts`.
     """
     c = serving_counts(model, token_ids, batch_size, prompt_len, output_len, max_num_seqs,
-                       block_size)
-    print(f"{batch_size} requests x ({prompt_len} prompt + {output_len} new tokens), "
-          f"max_num_seqs={max_num_seqs}, block_size={block_size}")
+                       block_size, length_step)
+    print(f"{_lengths_text(c)}, max_num_seqs={max_num_seqs}, block_size={block_size}")
     print(f"  steps: {c['steps']}, {c['prefill_steps']} with prefill; decode rows per step: "
           f"mean {c['mean_rows']:.2f}, max {c['max_rows']}")
-    print(f"  KV blocks per request: {c['blocks_per_request']} ({c['slots_per_request']} "
-          f"slots for {c['tokens_per_request']} tokens, {c['unused_slots']} unused)")
+    print(f"  KV blocks: {sum(c['blocks'])} ({sum(c['slots'])} slots for {sum(c['tokens'])} "
+          f"tokens, {c['unused_slots']} unused)")
     print(f"  pool: {c['pool_blocks']} blocks, at most {c['peak_blocks']} in use at once")
-    return serving_timeline(c["timelines"], title=f"{batch_size} requests, {max_num_seqs} seats")
+    return serving_view(c)
 
 
-def serving_explorer(model, token_ids: list[int]):
-    """Sliders for :func:`tokenflow.viz.serving_panel`: requests (the batch that arrives
-    together), prompt length, output length, max running sequences and KV block size.
-    Settings past the model's positions print the error instead. Returns an
-    ``ipywidgets.interactive``."""
+def serving_view(counts: dict):
+    """What :func:`serving_counts` served, as one figure: top, the requests over the engine
+    steps (:func:`serving_timeline`'s rows); bottom, each request's KV slots, those its
+    tokens fill (green) and those its last block leaves unused (grey), with the totals."""
+    c = counts
+    n = c["batch_size"]
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9.5, 0.12 * n + 3.6),
+                                 gridspec_kw={"height_ratios": [0.4 + 0.06 * n, 1]})
+    _draw_timeline(a1, c["timelines"])
+    a1.set_title(f"{_lengths_text(c)}: {c['steps']} steps on {c['max_num_seqs']} seats",
+                 fontsize=10)
+    x = range(n)
+    a2.bar(x, c["tokens"], color=COLORS["token"], label="slots holding a token")
+    a2.bar(x, [s - t for s, t in zip(c["slots"], c["tokens"])], bottom=c["tokens"],
+           color=_WAIT, label="unused slots of the last block")
+    a2.set_xticks(list(x), [str(t.request_id) for t in c["timelines"]], fontsize=9)
+    a2.set_xlabel("request")
+    a2.set_ylabel("KV slots")
+    a2.set_ylim(0, 1.35 * max(c["slots"]))
+    a2.legend(fontsize=9, loc="upper right", ncol=2)
+    a2.set_title(f"block size {c['block_size']}: {sum(c['blocks'])} blocks, "
+                 f"{c['unused_slots']} of {sum(c['slots'])} slots unused", fontsize=10)
+    fig.tight_layout()
+    return fig
 
-    def show(batch_size, prompt_len, output_len, max_num_seqs, block_size):
-        import matplotlib.pyplot as plt
-        try:
-            serving_panel(model, token_ids, batch_size, prompt_len, output_len, max_num_seqs,
-                          block_size)
-        except ValueError as e:
-            print(e)
-            return
-        plt.show()
 
-    def s(desc, lo, hi, val):
-        return widgets.IntSlider(value=val, min=lo, max=hi, description=desc,
-                                 continuous_update=False)
-    return widgets.interactive(
-        show, batch_size=s("requests", 1, 16, 8), prompt_len=s("prompt len", 1, 64, 16),
-        output_len=s("output len", 1, 64, 16), max_num_seqs=s("max seqs", 1, 16, 4),
-        block_size=widgets.Dropdown(options=[1, 2, 4, 8, 16, 32], value=16,
-                                    description="block size"))
+SERVING_CONTROLS = {"requests": [4, 8, 16], "seats": [1, 2, 4], "block": [4, 16]}
+"""The chapter's serving explorer grid: requests arriving together, ``max_num_seqs``, block
+size."""
+
+
+def _serving_fn(model, token_ids, prompt_len, output_len, length_step):
+    def show(requests, seats, block):
+        return serving_view(serving_counts(model, token_ids, requests, prompt_len, output_len,
+                                           seats, block, length_step))
+    return show
+
+
+def serving_explorer(model, token_ids: list[int], controls: dict | None = None,
+                     prompt_len: int = 16, output_len: int = 9, length_step: int = 3):
+    """The live form of :func:`serving_static` (``ipywidgets.interactive``, same controls;
+    ``controls`` replaces :data:`SERVING_CONTROLS`, e.g. with more values)."""
+    from .static import explore
+    return explore(_serving_fn(model, token_ids, prompt_len, output_len, length_step),
+                   controls or SERVING_CONTROLS, live=True,
+                   default={"requests": 8, "seats": 4, "block": 16})
 
 
 def _timeline_rows(timelines, outputs, seconds: bool):
@@ -370,30 +410,28 @@ def serving_summary_table(counts: dict):
     rows = [("engine steps", c["steps"]), ("steps with a prefill", c["prefill_steps"]),
             ("decode rows per step, mean", round(c["mean_rows"], 2)),
             ("decode rows per step, max", c["max_rows"]),
-            ("KV blocks per request", c["blocks_per_request"]),
-            ("slots per request (unused)", f"{c['slots_per_request']} ({c['unused_slots']})"),
+            ("KV blocks", sum(c["blocks"])),
+            ("KV slots (unused)", f"{sum(c['slots'])} ({c['unused_slots']})"),
             ("blocks in the pool", c["pool_blocks"]),
             ("blocks in use at the busiest step", c["peak_blocks"])]
     return Table(rows, ["", "count"], align="<>",
-                 title=f"{c['batch_size']} requests x ({c['prompt_len']} prompt + "
-                       f"{c['output_len']} new tokens), seats: {c['max_num_seqs']}, "
+                 title=f"{_lengths_text(c)}, seats: {c['max_num_seqs']}, "
                        f"block size {c['block_size']}")
 
 
-def serving_static(model, token_ids: list[int], requests=(4, 8, 16), max_num_seqs=(1, 2, 4, 8),
-                   block_size=(4, 16), prompt_len: int = 16, output_len: int = 16,
+def serving_static(model, token_ids: list[int], controls: dict | None = None,
+                   prompt_len: int = 16, output_len: int = 9, length_step: int = 3,
                    default: dict | None = None):
-    """Kernel-less explorer of :func:`serving_summary_table` over the number of requests
-    (arriving together), the seats (``max_num_seqs``) and the KV block size, for fixed
-    prompt and output lengths (:func:`tokenflow.viz.precomputed_explorer`; tables, not
-    figures, to keep the page small). Raises as :func:`tokenflow.viz.serving_counts`."""
-    from .static import precomputed_explorer
-    return precomputed_explorer(
-        lambda requests, seats, block: serving_summary_table(serving_counts(
-            model, token_ids, requests, prompt_len, output_len, seats, block)),
-        {"requests": list(requests), "seats": list(max_num_seqs), "block": list(block_size)},
-        default=default, title=f"serving: {prompt_len}-token prompts + {output_len} new tokens",
-        live_below=True)
+    """Kernel-less explorer of :func:`serving_view` over :data:`SERVING_CONTROLS` (the
+    requests arriving together, the seats ``max_num_seqs`` and the KV block size; ``controls``
+    replaces it): request ``i`` has ``prompt_len - (i % 4) * length_step`` prompt tokens and
+    ``output_len`` new ones, so the block size leaves slots unused
+    (:func:`tokenflow.viz.explore`). Raises as :func:`tokenflow.viz.serving_counts`."""
+    from .static import explore
+    return explore(_serving_fn(model, token_ids, prompt_len, output_len, length_step),
+                   controls or SERVING_CONTROLS, default=default,
+                   title=f"serving: prompts of {prompt_len} tokens and shorter, "
+                         f"{output_len} new tokens each", live_below=True)
 
 
 # --------------------------------------------------------------------- chapter 05: tables
@@ -513,3 +551,89 @@ def batching_times_table(results: dict):
                   for n, r in results.items()],
                  ["batching", "tokens/s", "mean TTFT ms", "mean end-to-end ms"],
                  digits=[0, 0, 1, 1])
+
+
+# --------------------------------------------------------------------- chapter 08: chunks
+def chunked_prefill_time_plot(runs: dict, long_id, decode_id=0, title: str = ""):
+    """Chunked prefill on a time axis: one lane per run (``runs``: ``{budget: engine}``, the
+    engines that served the same requests), each engine step a bar as long as its measured
+    time, laid end to end from the first step: blue when it carries a prompt chunk of request
+    ``long_id``, green when it only decodes. Above each lane a tick marks every token request
+    ``decode_id`` got (a decoding request gets one per step), so a gap between ticks is a
+    stall in its stream; the lane's label gives the longest step that decoded. A black bar
+    marks ``long_id``'s first token.
+
+    Raises:
+        ValueError: if ``runs`` is empty or a run has no step.
+    """
+    from matplotlib.patches import Patch
+    if not runs:
+        raise ValueError("runs must map at least one budget to an engine")
+    fig, ax = plt.subplots(figsize=(9.5, 0.9 * len(runs) + 1.5))
+    labels = []
+    for row, (budget, eng) in enumerate(runs.items()):
+        if not eng.steps:
+            raise ValueError(f"run {budget!r} has no step")
+        t, first, ticks = 0.0, None, []
+        for s in eng.steps:
+            ms = s.seconds * 1e3
+            chunk = any(rid == long_id for rid, _ in s.prefill)
+            ax.broken_barh([(t, ms)], (row - 0.3, 0.6), lw=0,
+                           facecolor=COLORS["hidden"] if chunk else COLORS["token"])
+            if first is None and long_id in s.sampled:
+                first = t + ms
+            if decode_id in s.sampled:
+                ticks.append(t + ms)
+            t += ms
+        ax.plot(ticks, [row - 0.4] * len(ticks), "|", color="black", ms=7, mew=1)
+        if first is not None:
+            ax.plot([first] * 2, [row - 0.32, row + 0.32], color="black", lw=2.5)
+        worst = max((s.seconds for s in eng.steps if s.decode), default=0.0) * 1e3
+        labels.append(f"budget {budget:,}\nlongest decode step {worst:.0f} ms")
+    ax.set_yticks(range(len(runs)), labels, fontsize=9)
+    ax.set_ylim(len(runs) + 0.2, -0.7)              # room for the legend below the lanes
+    ax.set_xlabel("time since the first step (ms, this CPU)")
+    ax.legend(handles=[Patch(color=COLORS["hidden"], label=f"step with a chunk of request "
+                             f"{long_id}'s prompt"),
+                       Patch(color=COLORS["token"], label="decode-only step"),
+                       plt.Line2D([], [], color="black", marker="|", ls="", ms=7,
+                                  label=f"a token of request {decode_id}")],
+              fontsize=9, loc="lower right", ncol=3)
+    ax.set_title(title or "engine steps on a time axis: the decode stall", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def chunked_prefill_sentence(runs: dict, long_id, baseline) -> str:
+    """One sentence comparing measured runs against the ``baseline`` budget (``runs``:
+    ``{budget: engine}``): per budget, whether ``long_id``'s first token came sooner or later
+    in milliseconds and by how much, and the longest decode step, so that prose comparing the
+    runs says what this run measured.
+
+    Raises:
+        ValueError: if ``baseline`` is not a key of ``runs`` or ``long_id`` got no token.
+    """
+    if baseline not in runs:
+        raise ValueError(f"baseline must be one of {list(runs)}, got {baseline!r}")
+
+    def ttft(eng):
+        o = eng.outputs.get(long_id)
+        if o is None or o.ttft is None:
+            raise ValueError(f"request {long_id!r} got no first token in every run")
+        return o.ttft * 1e3
+
+    def worst(eng):
+        return max((s.seconds for s in eng.steps if s.decode), default=0.0) * 1e3
+    base = runs[baseline]
+    parts = []
+    for budget, eng in runs.items():
+        if budget == baseline:
+            continue
+        d = ttft(eng) - ttft(base)
+        word = "sooner" if d < 0 else "later"
+        parts.append(f"with budget {budget:,} it came {abs(d):.1f} ms {word} "
+                     f"({ttft(eng):.1f} ms) and the longest decode step took "
+                     f"{worst(eng):.0f} ms")
+    return (f"Measured in this run: without chunking (budget {baseline:,}) request "
+            f"{long_id}'s first token came {ttft(base):.1f} ms after its arrival and the "
+            f"longest decode step took {worst(base):.0f} ms; " + "; ".join(parts) + ".")

@@ -19,8 +19,8 @@ import numbers
 
 from .fmt import Table
 
-__all__ = ["precomputed_explorer", "PrecomputedExplorer", "MAX_OUTPUTS", "MAX_HTML_BYTES",
-           "RUN_NOTE", "LIVE_NOTE"]
+__all__ = ["explore", "precomputed_explorer", "PrecomputedExplorer", "MAX_OUTPUTS",
+           "MAX_HTML_BYTES", "RUN_NOTE", "LIVE_NOTE"]
 
 MAX_OUTPUTS = 48
 """Most combinations one explorer embeds (each figure adds ~30-80 KB to the page)."""
@@ -153,8 +153,9 @@ def _controls_html(controls: dict, default: dict) -> str:
     return "\n".join(parts)
 
 
-def _check_controls(controls, default) -> dict:
-    """Validate ``controls`` / ``default``; return each control's default index."""
+def _check_controls(controls, default, max_outputs: int | None = MAX_OUTPUTS) -> dict:
+    """Validate ``controls`` / ``default`` (at most ``max_outputs`` combinations, None: no
+    limit); return each control's default index."""
     if not isinstance(controls, dict) or not controls:
         raise TypeError("controls must be a non-empty dict name -> list of values, "
                         f"got {controls!r}")
@@ -164,7 +165,7 @@ def _check_controls(controls, default) -> dict:
             raise ValueError(f"controls[{name!r}] must be a non-empty list of values, "
                              f"got {values!r}")
         n *= len(values)
-    if n > MAX_OUTPUTS:
+    if max_outputs is not None and n > max_outputs:
         sizes = " x ".join(str(len(v)) for v in controls.values())
         raise ValueError(f"the control grid has {sizes} = {n} combinations; precomputed_explorer "
                          f"embeds at most MAX_OUTPUTS = {MAX_OUTPUTS} (use fewer values, or a live "
@@ -288,3 +289,58 @@ def _render_call(fn, combo: dict, kind: str) -> str:
     finally:
         for num in set(plt.get_fignums()) - before:
             plt.close(num)
+
+
+def _live_controls(controls: dict, index: dict) -> dict:
+    """One ``ipywidgets`` control per entry, over the same values: a ``SelectionSlider`` for
+    numbers, a ``Dropdown`` otherwise; each starts at its default."""
+    import ipywidgets as widgets
+    out = {}
+    for name, values in controls.items():
+        values = list(values)
+        numeric = all(isinstance(v, numbers.Number) and not isinstance(v, bool) for v in values)
+        kw = dict(options=values, value=values[index[name]], description=name,
+                  style={"description_width": "initial"})
+        out[name] = (widgets.SelectionSlider(continuous_update=False, **kw) if numeric
+                     else widgets.Dropdown(**kw))
+    return out
+
+
+def explore(fn, controls: dict, *, live: bool = False, title: str | None = None,
+            kind: str = "auto", default: dict | None = None, live_below: bool = False):
+    """One explorer of ``fn`` over a grid of control values, in either of two forms.
+
+    ``live=False``: :func:`precomputed_explorer` (every output computed now and embedded:
+    works in the book and without a kernel). ``live=True``: an ``ipywidgets.interactive`` with
+    the same controls (a slider over the numeric values, a drop-down otherwise), calling
+    ``fn(**values)`` when a control moves and displaying what it returns (a figure, a table,
+    a str).
+
+    Args:
+        fn: called with one keyword per control name.
+        controls: control name -> list of values.
+        live, title, kind, default, live_below: as above and as in :func:`precomputed_explorer`
+            (``kind`` and ``live_below`` apply to the precomputed form only).
+
+    Raises:
+        TypeError, ValueError: as :func:`precomputed_explorer` (bad controls or default).
+    """
+    if not live:
+        return precomputed_explorer(fn, controls, title=title, kind=kind, default=default,
+                                    live_below=live_below)
+    index = _check_controls(controls, default, max_outputs=None)   # a live grid may be large
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    def show(**values):
+        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
+        out = fn(**values)
+        if isinstance(out, Figure):
+            display(out)
+            plt.close(out)
+        elif isinstance(out, str):
+            print(out)
+        elif out is not None:
+            display(out)
+    return widgets.interactive(show, **_live_controls(controls, index))

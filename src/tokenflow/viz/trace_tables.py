@@ -10,7 +10,8 @@ import ipywidgets as widgets
 from .hidden import shape_controls
 
 __all__ = ["decode_trace_summary", "decode_trace_explorer", "trace_table", "TRACE_SHAPES_WHERE",
-           "trace_shapes_table", "trace_shapes_static", "decode_trace_static",
+           "trace_shapes_table", "trace_shapes_view", "trace_shapes_static",
+           "trace_shapes_explorer", "decode_trace_static",
            "WEIGHT_PARTS", "step_bytes_table"]
 
 
@@ -61,27 +62,49 @@ def trace_shapes_table(config, batch_size: int, seq_len: int, num_experts: int):
     return trace_table(t, where=TRACE_SHAPES_WHERE)
 
 
+def trace_shapes_view(config, batch_size: int, seq_len: int, num_experts: int):
+    """:func:`trace_shapes_table` titled with what ``E`` changes, where it shows at any width:
+    the router's score matrix ``[B*S, E]`` and the (token, expert) pairs each expert gets on
+    average, ``B*S*K / E``. Raises as :func:`tokenflow.analysis.trace.trace_shapes`."""
+    t = trace_shapes_table(config, batch_size, seq_len, num_experts)
+    route = next(r for r in t.rows if r[1] == "route top-k")
+    T, K = batch_size * seq_len, int(route[4].strip("[]").split(",")[-1])
+    t.title = (f"E = {num_experts}: the router scores [{T}, {num_experts}] (B*S = {T} tokens "
+               f"x {num_experts} experts) and keeps K = {K}; each expert gets "
+               f"{T * K / num_experts:g} (token, expert) pairs on average")
+    return t
+
+
 def trace_shapes_static(config, batch=(1, 2, 8), seq_len=(1, 5, 64), experts=(2, 8, 32),
                         default=None):
-    """Kernel-less explorer of :func:`trace_shapes_table` over the given values of ``B``,
-    ``S`` and ``E`` (:func:`tokenflow.viz.precomputed_explorer`; at most 48 combinations)."""
-    from .static import precomputed_explorer
-    return precomputed_explorer(
-        lambda B, S, E: trace_shapes_table(config, B, S, E),
+    """Kernel-less explorer of :func:`trace_shapes_view` over the given values of ``B``,
+    ``S`` and ``E`` (:func:`tokenflow.viz.explore`; at most 48 combinations)."""
+    from .static import explore
+    return explore(
+        lambda B, S, E: trace_shapes_view(config, B, S, E),
         {"B": list(batch), "S": list(seq_len), "E": list(experts)},
         default=default, title="trace shapes for batch B, sequence length S, experts E",
         live_below=True)
+
+
+def trace_shapes_explorer(config, batch=(1, 2, 4, 8), seq_len=(1, 5, 16, 64),
+                          experts=(2, 4, 8, 16, 32), default=None):
+    """The live form of :func:`trace_shapes_static` (``ipywidgets.interactive``)."""
+    from .static import explore
+    return explore(lambda B, S, E: trace_shapes_view(config, B, S, E),
+                   {"B": list(batch), "S": list(seq_len), "E": list(experts)}, live=True,
+                   default=default or {"B": 2, "S": 5, "E": 8})
 
 
 def decode_trace_static(config, batch_size=(1, 2, 4, 8), seq_len=(1, 8, 32),
                         num_experts=(4, 8, 16)):
     """:func:`decode_trace_explorer` without a kernel: :func:`decode_trace_summary` for every
     ``(B, S, E)`` of the grid (random weights: only the shapes mean anything)."""
-    from .static import precomputed_explorer
+    from .static import explore
 
     def show(**kw):
         return decode_trace_summary(config, kw["batch B"], kw["seq len S"], kw["experts E"])
-    return precomputed_explorer(
+    return explore(
         show, {"batch B": list(batch_size), "seq len S": list(seq_len),
                "experts E": list(num_experts)},
         title="trace of a random-weight model, blocks 0 and 1",
