@@ -20,7 +20,7 @@ MAX_PLUMBING = 0.15
 # Chapters still above the limit, with their ratio when this was written: their printing cells
 # are being reworked with other changes; strict, so each mark fails once its chapter passes.
 ABOVE_LIMIT = {"01_hidden_state": "35.0%", "02_attention_kv_cache": "26.2%",
-               "03_ffn_moe": "27.9%", "04_lm_head_sampling": "23.8%",
+               "03_ffn_moe": "27.9%",
                "07_simulator_lenses": "28.4%", "08_further": "18.4%"}
 PLUMBING = re.compile(r"""^\s*(?:[A-Za-z_][\w.]*\s*=\s*)?(?:print|say|display|Table)\("""
                       r"""|^\s*(?:rf|fr|f)["']""")
