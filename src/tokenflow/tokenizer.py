@@ -1,6 +1,6 @@
 """The book's byte-level BPE tokenizer, trained with Hugging Face ``tokenizers`` on the corpus.
 
-Text -> token ids is the step before the seed's first arrow. Like the tokenizers of GPT-2,
+Text -> token ids comes before the first arrow of the token's path. Like the tokenizers of GPT-2,
 Llama 3, Qwen and DeepSeek, ours is **byte-level**: text is first turned into its UTF-8 bytes,
 and the 256 possible byte values are the first entries of the vocabulary. Byte-pair encoding
 (Sennrich et al. 2016, arXiv:1508.07909; byte-level variant: Radford et al. 2019, GPT-2)
@@ -13,7 +13,7 @@ while 键 (E9 94 AE), whose bytes no merge covers, takes 3.
 
 Real tokenizers first cut text into "words" (at spaces and punctuation) and merge only inside
 a word. Chinese has no spaces, so our pre-tokenizer also cuts around a short list of function
-characters (是 的 在 首 都 府 ...), a stand-in for word segmentation. That keeps the seed's split
+characters (是 的 在 首 都 府 ...), a stand-in for word segmentation. That keeps the split
 北京 / 是 / 中国 / 的 and leaves 首 and 都 as separate tokens, so the running example's last step
 (首 -> 都, with 府 as runner-up) is a real choice of the model. A production vocabulary (e.g.
 DeepSeek-V3's 129,280 entries) is learned from far more text.

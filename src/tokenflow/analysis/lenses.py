@@ -1,6 +1,6 @@
 """The simulator's two lenses, measured on one run of the serving engine.
 
-The seed's section 8 reads the same process two ways (not to be confused with the *logit*
+Chapter 7 reads the same process two ways (not to be confused with the *logit*
 lens of :mod:`tokenflow.analysis.logit_lens`):
 
 * the **pipeline lens**: request queue -> prefill -> KV cache -> decode loop -> sampling ->
@@ -32,7 +32,7 @@ __all__ = ["PIPELINE_STAGES", "BLOCK_MODULES", "StepProfile", "LensProfile",
 
 PIPELINE_STAGES = ("request queue", "prefill", "KV cache", "decode loop", "sampling",
                    "response")
-"""Stages of the pipeline lens, in the seed's order. ``prefill``: compute of the steps that
+"""Stages of the pipeline lens, in the serving order. ``prefill``: compute of the steps that
 carry prompt tokens (decode rows of the same step ride along in the same forward);
 ``decode loop``: compute of decode-only steps."""
 

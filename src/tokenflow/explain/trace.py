@@ -1,6 +1,6 @@
 """Record the arrow actions of one forward pass: what happened, to which shapes.
 
-The seed names six arrow actions; the trace records each where the code performs it:
+Chapter 0 names six arrow actions; the trace records each where the code performs it:
 
 ========================  ==========================================  ==========
 action                    where                                       colour

@@ -1,6 +1,6 @@
 """Prefill and decode, measured: wall-clock time of each phase on a real model.
 
-The two phases run the same weights (seed note, section 6): *prefill* feeds the whole prompt
+The two phases run the same weights (chapter 5): *prefill* feeds the whole prompt
 ``[B, S]`` at once and writes its K/V into the cache; *decode* feeds one token per sequence
 ``[B, 1]``, reads the whole cache and appends one slot. These helpers time them the way
 chapter 05 plots them; :func:`tokenflow.analysis.roofline.forward_flops` and

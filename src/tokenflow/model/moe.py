@@ -6,7 +6,7 @@ P = T*K (token, expert) pairs.
 What is routed is the token's hidden state ``[H]``: the router (路由 / gate 门控) scores it against
 every expert (专家), keeps ``K`` of ``E``, each chosen expert runs its own SwiGLU FFN on it, and
 combine adds the expert outputs back at the token's position, weighted by the router
-(algorithm view of the seed, section 4). Two router families:
+(the algorithm view of chapter 3). Two router families:
 
 * ``softmax`` (Mixtral, arXiv:2401.04088 section 2.1; Qwen-MoE): ``p = softmax(logits)``,
   keep the top-k, optionally renormalise them to sum to 1 (``norm_topk_prob``; Mixtral's

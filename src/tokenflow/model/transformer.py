@@ -1,6 +1,6 @@
 """The shared model: embedding -> decoder blocks -> final norm -> LM head.
 
-One forward pass, in the seed's arrow actions::
+One forward pass, in the arrow actions of chapter 0::
 
     input_ids [B,S] --lookup--> hidden [B,S,H]
       for each block:  hidden += Attention(RMSNorm(hidden))    (write KV, read KV)

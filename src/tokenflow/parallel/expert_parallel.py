@@ -6,7 +6,7 @@ rank r, K top-k, H hidden, P_r = T_r*K pairs made on rank r, R_r rows rank r's e
 
 Rank ``r`` owns experts ``[r*E_r, (r+1)*E_r)``; the router and the shared experts are replicated
 (every rank holds a copy and runs them on its own tokens). One MoE layer, on every rank at once
-(the seed's system view, section 4: local hidden states -> all-to-all dispatch -> remote expert
+(the system view of chapter 3: local hidden states -> all-to-all dispatch -> remote expert
 compute -> all-to-all combine -> back at the original token positions)::
 
     route            x [T_r,H] -> indices, weights [T_r,K]

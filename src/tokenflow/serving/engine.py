@@ -1,6 +1,6 @@
 """The engine: ``add_request`` -> ``step`` (schedule, run, update) -> results, with metrics.
 
-The serving pipeline of the seed's section 8 (request queue -> prefill -> KV cache -> decode
+The serving pipeline of chapter 5 (request queue -> prefill -> KV cache -> decode
 loop -> sampling -> response), as in nano-vllm's ``LLMEngine``::
 
     engine = LLMEngine(model, num_blocks=64, block_size=16)

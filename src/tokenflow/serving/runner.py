@@ -12,7 +12,7 @@ one-token decode rows alike) are laid end to end::
 (decode rows first: attention reads them as one batch; see
 :class:`~tokenflow.model.kv_cache.PackedCacheStep`).
 
-One forward runs the ``T`` tokens as ``[T, H]`` (the seed's ``[B, S, H]`` with the batch laid
+One forward runs the ``T`` tokens as ``[T, H]`` (``[B, S, H]`` with the batch laid
 flat), so a decode row costs one position and a prompt chunk its own length: the positions
 computed equal the scheduled tokens, asserted every step. Attention reads each sequence's own
 context from its blocks (:meth:`~tokenflow.PagedKVCache.packed_step`), and the LM head runs
@@ -33,8 +33,8 @@ Three runner strategies (one file each) and the runner that drives them:
   rows computes 8 x 200 positions for 207 tokens.
 * :class:`ContiguousRunner` (``contiguous_runner.py``), the baseline it is checked against
   (``LLMEngine(..., kv_storage="contiguous")``): one contiguous :class:`~tokenflow.KVCache`
-  per request, one
-  ordinary ``model(ids [1, S], kv_cache=...)`` call per chunk (the seed's view). It cannot
+  per request, one ordinary ``model(ids [1, S], kv_cache=...)`` call per chunk (the
+  ``[B, S]`` view). It cannot
   share tensors between requests, so prefix-cache hits are **recomputed** (counted in
   ``num_recomputed_tokens``). The tests check that both give ``generate``'s tokens, and
   chapter 05 compares what sharing saves.

@@ -5,7 +5,7 @@ and 06: :func:`load_diagram` reads it and the returned :class:`Diagram` displays
 Jupyter as a fenced ```` ```mermaid ```` block (JupyterLab 4.1+ draws it; the HTML book turns
 the fence into a diagram with a vendored ``mermaid.min.js``, see ``scripts/mermaid_offline.py``).
 
-The seed (section 7) names the flow and the arrow actions written on its arrows: ``lookup``,
+The labels written on its arrows are the arrow actions: ``lookup``,
 ``[B,S] -> [B,S,H]``, ``read KV``, ``route top-k``, ``project vocab``, ``sample``. Every
 :class:`~tokenflow.analysis.trace.TraceEvent` belongs to one node of the diagram
 (:data:`TRACE_NODE`), so a trace prints as "which box of the figure did what, to which shapes,
@@ -209,7 +209,7 @@ def arrow_actions_table(diagram: Diagram, actions):
 
     Args:
         diagram: a parsed :class:`Diagram` (e.g. :func:`token_flow_diagram`).
-        actions: arrow labels, e.g. the seed's ``["lookup", ..., "sample"]``.
+        actions: arrow labels, e.g. chapter 0's ``["lookup", ..., "sample"]``.
 
     Raises:
         ValueError: if an action labels no arrow or more than one.

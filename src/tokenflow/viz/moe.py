@@ -33,7 +33,7 @@ def _moe_cmap():
 
 
 def moe_flow_diagram():
-    """The seed note's two views of an MoE layer as two rows of boxes: the algorithm
+    """Chapter 3's two views of an MoE layer as two rows of boxes: the algorithm
     view (hidden state -> router -> top-k experts -> expert FFN -> weighted combine -> updated
     hidden state) and the system view with experts on other devices (local hidden states ->
     all-to-all dispatch -> remote expert compute -> all-to-all combine -> back at the token

@@ -1,7 +1,7 @@
 """Chapter 05's packed serving step: one step padded vs packed, whole runs padded vs packed,
 preemptions marked.
 
-* :func:`packed_step_figure`: one engine step two ways. Left, the seed's view: every chunk a
+* :func:`packed_step_figure`: one engine step two ways. Left, the ``[B, S]`` view: every chunk a
   row of ``input_ids [B, S_max]``, short rows left-padded (what the engine computed before
   packing). Right, the packed step: the same tokens end to end, ``input_ids [T]``, with the
   ``cu_seqlens_q`` boundaries; decode rows first, as the runner lays them out
