@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
+from .style import text_on
 from matplotlib.patches import FancyBboxPatch
 
 from tokenflow.analysis.trace import COLORS
@@ -169,7 +170,7 @@ def shape_flow(steps: list[tuple[str, str]], title: str = "", per_row: int = 4):
         ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.03", fc=fills[kind],
                                     ec="black", alpha=0.9))
         ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=9.5,
-                color="white" if kind in ("hidden", "token") else "black")
+                color=text_on(fills[kind], 0.9))
         if not i:
             continue
         px, py = pos(i - 1)

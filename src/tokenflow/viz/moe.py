@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
+from .style import text_on
 from matplotlib.patches import FancyBboxPatch
 
 from tokenflow.analysis.trace import COLORS
@@ -57,7 +58,7 @@ def moe_flow_diagram():
             ax.add_patch(FancyBboxPatch((x, y), w, 0.95, boxstyle="round,pad=0.03",
                                         fc=COLORS[kind], ec="black", alpha=0.88))
             ax.text(x + w / 2, y + 0.475, text, ha="center", va="center", fontsize=9.5,
-                    color="white" if kind == "hidden" else "black")
+                    color=text_on(COLORS[kind], 0.88))
             if i:
                 ax.annotate("", xy=(x - 0.03, y + 0.475), xytext=(x - gap + 0.03, y + 0.475),
                             arrowprops=dict(arrowstyle="->", lw=1.4))
@@ -140,7 +141,8 @@ def dispatch_combine_diagram(indices, weights, num_experts: int, row_labels: lis
             ax.add_patch(FancyBboxPatch((x - 0.28, y_tok(t) - 0.3), 0.56, 0.6,
                                         boxstyle="round,pad=0.02", fc=COLORS["hidden"],
                                         ec="black"))
-            ax.text(x, y_tok(t), row_labels[t], ha="center", va="center", color="white",
+            ax.text(x, y_tok(t), row_labels[t], ha="center", va="center",
+                    color=text_on(COLORS["hidden"]),
                     fontsize=9)
     prev = None
     for i, (e, t, wt) in enumerate(pairs):

@@ -16,6 +16,7 @@ matplotlib is imported when a figure is drawn.
 """
 from __future__ import annotations
 
+from .style import text_on
 from tokenflow.analysis.trace import COLORS
 
 __all__ = ["step_layout", "packed_step_figure", "mark_preemptions", "packing_table",
@@ -68,7 +69,7 @@ def packed_step_figure(step, title: str = ""):
         right.broken_barh([(cu[-1], n)], (-0.4, 0.8), color=colour[kind], ec="white", lw=0.5)
         if n >= 0.06 * T:                                        # wide enough for its id
             right.text(cu[-1] + n / 2, 0, f"req {rid}", ha="center", va="center",
-                       color="white", fontsize=8)
+                       color=text_on(colour[kind]), fontsize=8)
         cu.append(cu[-1] + n)
     right.set_ylim(-1.2, 0.6)
     right.set_yticks([])
