@@ -65,3 +65,39 @@ def test_no_character_is_drawn_as_a_box(tab, server, book_html_dir):  # noqa: F8
           f"most distinct characters on one page: {chars}")
     assert checked > 1000, "the pages show Chinese characters: the walk found too few"
     assert not problems, "\n".join(problems)
+
+
+# Every figure of a page: its intended CSS width (the width matplotlib drew it at, at figure.dpi
+# 120: the inline style myst-nb writes, or half the retina PNG's pixels) and its displayed width.
+FIGURES_JS = """() => [...document.querySelectorAll('.bd-article img')]
+  .filter(i => i.naturalWidth > 0 && /\\.png|image\\/png/.test(i.src))
+  .map(i => ({src: i.getAttribute('src').slice(-24),
+              natural: parseFloat(i.style.width) || i.naturalWidth / 2,
+              shown: i.getBoundingClientRect().width,
+              column: i.closest('.bd-article').getBoundingClientRect().width}))"""
+
+
+def test_figures_are_shown_at_their_reading_size(tab, server):  # noqa: F811
+    """Every figure of the English edition (the Chinese pages show the same PNGs) is drawn for
+    the column: at 1280 px it is shown at its natural size (at least 97 % of it), so its text,
+    which matplotlib was given at tokenflow.viz.style.MIN_FONT_PT or more
+    (tests/test_viz_figure_text.py), is at body size (10 pt at 120 px per inch: 16.7 px); at
+    390 px (a phone) the same text is still at least 7 px high."""
+    from tokenflow.viz.style import MIN_FONT_PT
+    text_px = MIN_FONT_PT / 72 * 120
+    small, phone, count = [], [], 0
+    for f in toc_pages():
+        page, _ = tab.open(server, f"{f}.html")
+        for fig in page.evaluate(FIGURES_JS):
+            count += 1
+            if fig["shown"] < 0.97 * fig["natural"]:
+                small.append(f"{f}: {fig['src']} {fig['natural']:.0f} px shown at "
+                             f"{fig['shown']:.0f} px in a {fig['column']:.0f} px column")
+        page.set_viewport_size({"width": 390, "height": 844})
+        for fig in page.evaluate(FIGURES_JS):
+            px = text_px * fig["shown"] / fig["natural"]
+            if px < 7:
+                phone.append(f"{f}: {fig['src']} text {px:.1f} px at 390 px")
+    print(f"\n{count} figures; at 1280 px {count - len(small)} at natural size")
+    assert count > 40
+    assert not small + phone, "\n".join(small + phone)

@@ -319,7 +319,7 @@ def check_web_font(font_dir: Path | None = None) -> Result:
     system fonts: the web fonts (each holds its glyph of :data:`WEB_FONT_GLYPHS`) and a
     JupyterLab ``custom.css`` declaring them (written by ``make lab``, or
     ``python -m tokenflow.viz.fonts --lab-css PATH``); without the stylesheet a WARN."""
-    d = Path(font_dir or os.environ.get("TOKENFLOW_FONT_DIR") or FONT_DIR)
+    d = Path(font_dir or FONT_DIR)
     for name, char in WEB_FONT_GLYPHS.items():
         try:
             from fontTools.ttLib import TTFont

@@ -16,7 +16,7 @@ import matplotlib
 from .fonts import use_book_font
 
 __all__ = ["setup_notebook", "use_book_font", "COLUMN_WIDTH_IN", "MIN_FONT_PT", "column_figsize",
-           "contrast", "text_on"]
+           "contrast", "text_on", "series_style"]
 
 use_book_font()
 
@@ -92,3 +92,13 @@ def text_on(fill, alpha: float = 1.0) -> str:
     r, g, b, _ = to_rgba(fill)
     bg = (r, g, b, alpha)
     return "black" if contrast("black", bg) >= contrast("white", bg) else "white"
+
+
+def series_style(i: int) -> dict:
+    """Line style of the ``i``-th series of a line chart in the book's colours
+    (``tokenflow.COLORS``: blue, green, yellow, then a dark grey), each series with its own
+    marker, so lines of the same colour stay apart: ``{"color", "marker"}`` for ``ax.plot``."""
+    from tokenflow.analysis.trace import COLORS
+    colours = (COLORS["hidden"], COLORS["token"], COLORS["moe"], "#555555")
+    markers = ("o", "s", "^", "D", "v", "P", "X", "*")
+    return {"color": colours[i % len(colours)], "marker": markers[i % len(markers)]}
