@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
-from .style import column_figsize, MIN_FONT_PT, text_on
+from .style import COLUMN_WIDTH_IN, column_figsize, MIN_FONT_PT, text_on
 from matplotlib.patches import FancyBboxPatch
 
 from tokenflow.analysis.trace import COLORS
@@ -140,7 +140,7 @@ def shape_flow(steps: list[tuple[str, str]], title: str = "", per_row: int = 4):
     """Boxes joined by arrows, e.g. the steps of one attention call with their shapes.
     ``steps`` is a list of ``(text, kind)``, ``kind`` one of ``COLORS`` (``"hidden"``,
     ``"moe"``, ``"token"``) or ``"cache"`` (drawn as a light-blue store). At most
-    ``per_row`` boxes per row (the figure stays <= 9 inches wide, text 9.5 pt); longer
+    ``per_row`` boxes per row, and no more than fit the book column (3) with 10 pt text; longer
     chains continue on the next row, left to right, joined by an elbow arrow.
 
     Raises:
@@ -155,12 +155,15 @@ def shape_flow(steps: list[tuple[str, str]], title: str = "", per_row: int = 4):
         if kind not in fills:
             raise ValueError(f"kind must be one of {sorted(fills)}, got {kind!r}")
     w, h, gap, vgap = 1.6, 1.0, 0.45, 0.55
-    ncols = min(per_row, len(steps))
+    # inches per data unit at least 0.8 (10 pt text fits a box), the figure <= the column
+    fit = int((COLUMN_WIDTH_IN / (1.1 * 0.8) - 0.4 + gap) // (w + gap))
+    ncols = max(1, min(per_row, len(steps), fit))
     nrows = -(-len(steps) // ncols)
     width = ncols * (w + gap) - gap + 0.4
     height = nrows * (h + vgap) - vgap + 0.5
-    scale = min(1.0, 9.0 / (width * 1.1))                   # inches per data unit, <= 9 in
-    fig, ax = plt.subplots(figsize=column_figsize(width * 1.1 * scale, height * 1.1 * scale + 0.35))
+    scale = min(1.0, COLUMN_WIDTH_IN / (width * 1.1))       # inches per data unit
+    fig, ax = plt.subplots(figsize=column_figsize(width * 1.1 * scale,
+                                                  height * 1.1 * scale + 0.35))
 
     def pos(i):
         r, c = divmod(i, ncols)
