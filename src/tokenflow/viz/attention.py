@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
-from .style import column_figsize, MIN_FONT_PT, series_style
+from .style import column_figsize, MIN_FONT_PT, series_style, text_on
 from tokenflow.analysis.trace import COLORS
 
 from .hidden import _as_2d
@@ -43,9 +43,9 @@ def attention_context_plot(attention_weights: dict, tokens: list[str], query_ind
     nh, Sk = first.shape[1], first.shape[-1]
     if len(tokens) != Sk:
         raise ValueError(f"tokens must have S_k={Sk} entries, got {len(tokens)}")
-    ncols = min(3, len(layers))                   # at most 3 panels per row: <= 9 inches wide
+    ncols = min(2, len(layers))                   # 2 panels per row fill the book column
     nrows = -(-len(layers) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=column_figsize(3.0 * ncols,
+    fig, axes = plt.subplots(nrows, ncols, figsize=column_figsize(3.25 * ncols,
                                                                   (0.5 * nh + 1.5) * nrows + 0.4),
                              squeeze=False)
     for ax in axes.flat[len(layers):]:
@@ -57,7 +57,7 @@ def attention_context_plot(attention_weights: dict, tokens: list[str], query_ind
             for k in range(Sk):
                 v = float(w[h, k])
                 ax.text(k, h, f"{v:.2f}", ha="center", va="center", fontsize=MIN_FONT_PT,
-                        color="white" if v > 0.6 else "black")
+                        color=text_on(plt.get_cmap("Blues")(v)))
         ax.set_xticks(range(Sk), tokens)
         ax.set_yticks(range(nh), [f"head {h}" for h in range(nh)])
         ax.set_title(f"layer {l}")
@@ -90,7 +90,7 @@ def attention_head_heatmap(weights, q_labels: list[str], k_labels: list[str], ti
                                            ec="#bbbbbb", lw=0))
             else:
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=MIN_FONT_PT,
-                        color="white" if v > 0.6 else "black")
+                        color=text_on(plt.get_cmap("Blues")(v)))
     ax.set_xticks(range(w.shape[1]), k_labels)
     ax.set_yticks(range(w.shape[0]), q_labels)
     ax.set_xlabel("key (what is read)")
