@@ -70,7 +70,8 @@ def test_no_character_is_drawn_as_a_box(tab, server, book_html_dir):  # noqa: F8
 # Every figure of a page: its intended CSS width (the width matplotlib drew it at, at figure.dpi
 # 120: the inline style myst-nb writes, or half the retina PNG's pixels) and its displayed width.
 FIGURES_JS = """() => [...document.querySelectorAll('.bd-article img')]
-  .filter(i => i.naturalWidth > 0 && /\\.png|image\\/png/.test(i.src))
+  .filter(i => i.naturalWidth > 0 && /\\.png|image\\/png/.test(i.src)
+               && i.getClientRects().length > 0)      // shown (not an explorer's other setting)
   .map(i => ({src: i.getAttribute('src').slice(-24),
               natural: parseFloat(i.style.width) || i.naturalWidth / 2,
               shown: i.getBoundingClientRect().width,
