@@ -100,5 +100,5 @@ def test_figures_are_shown_at_their_reading_size(tab, server):  # noqa: F811
             if px < 7:
                 phone.append(f"{f}: {fig['src']} text {px:.1f} px at 390 px")
     print(f"\n{count} figures; at 1280 px {count - len(small)} at natural size")
-    assert count > 40
+    assert count > 25, count                       # 35 figures shown at their first setting
     assert not small + phone, "\n".join(small + phone)
