@@ -224,8 +224,17 @@ i18n-check: $(STAMP)
 # --- notebooks ---------------------------------------------------------------------------------
 # (--allow-root only when run as root, e.g. in a container)
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
+# JupyterLab with the book's web fonts (Chinese, emoji) in a custom.css, so the notebooks'
+# markdown and outputs show them without a system font: a Jupyter config folder under _build/
+# holds only that file; Lab's settings and workspaces stay where they were.
+LAB_CONFIG := $(CURDIR)/_build/jupyter-config
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks $(LAB_ARGS)
+	$(VPY) -m tokenflow.viz.fonts --lab-css $(LAB_CONFIG)/custom/custom.css
+	user=$$($(VENV)/bin/jupyter --config-dir); \
+	JUPYTERLAB_SETTINGS_DIR=$${JUPYTERLAB_SETTINGS_DIR:-$$user/lab/user-settings} \
+	JUPYTERLAB_WORKSPACES_DIR=$${JUPYTERLAB_WORKSPACES_DIR:-$$user/lab/workspaces} \
+	JUPYTER_CONFIG_DIR=$(LAB_CONFIG) \
+	$(VENV)/bin/jupyter lab --LabApp.custom_css=True --ServerApp.root_dir=notebooks $(LAB_ARGS)
 
 clean:
 	rm -rf _build .widgets_js .pytest_cache build dist

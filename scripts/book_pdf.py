@@ -7,7 +7,7 @@ Writes ``_build/html/tokenflow.pdf`` (English) and ``_build/html/zh/tokenflow.pd
 next to each edition's ``index.html``, so the book's front page links both with the same
 relative link and ``make dist`` packs them. Every page of _toc.yml, in order, is served from
 127.0.0.1 and opened in headless Chromium (Playwright; the Chromium scripts/chromium.py finds)
-in print media at A4 width; once its fonts (the Chinese edition's web font included), MathJax
+in print media at A4 width; once its fonts (the book's web fonts included), MathJax
 and mermaid diagrams are ready, it is checked that nothing is cut or sticks out of the A4
 column (:data:`PRINT_JS`, the browser test's check) and printed to A4 (12 mm top and bottom,
 10 mm sides). The pages are joined into one file (pypdf) with an outline entry per page; the
@@ -16,8 +16,9 @@ licence footer of the pages is printed once, at the end of the front page.
 What a printed page shows is the HTML book's print layout (_static/tokenflow.css
 ``@media print``): each explorer in its first state (the precomputed HTML of its first setting,
 its controls hidden), solutions folded, no sidebar or footer. Both editions print their Chinese
-with the Chinese edition's web font (a subset of Noto Sans CJK SC), so no glyph depends on the
-fonts of the machine that prints; each page is checked for a Chinese character its PDF lacks.
+and emoji with the book's web fonts (subsets of Noto Sans CJK SC and Noto Color Emoji), so no
+glyph depends on the fonts of the machine that prints; each page is checked for a Chinese
+character its PDF lacks.
 The offline-widget explorers need the normal HTML build's pages: a single-page build
 (``singlehtml``) would not draw them. Exit status 1, naming the pages, when a page does not fit
 or lacks a glyph.
@@ -82,7 +83,6 @@ CJK = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\ufe30-\ufe4f\uff00-\uffef]")
 # The text the printed page shows (hidden explorer outputs and folded solutions left out).
 TEXT_JS = "() => (document.querySelector('.bd-article') || document.body).innerText"
 HAS_WEB_FONT_JS = "() => !!document.querySelector('link[href*=\"tokenflow-zh-font.css\"]')"
-FONTS_JS = "async () => { document.body.offsetHeight; await document.fonts.ready; }"
 # Ready to print: web fonts loaded, MathJax typeset, every mermaid diagram drawn.
 READY_JS = """async () => {
   await document.fonts.ready;
@@ -119,22 +119,13 @@ def _chromium(playwright_executable: str) -> str:
     return exe
 
 
-def _web_font_css() -> str:
-    """The Chinese edition's web font stylesheet (scripts/tokenflow_i18n.py), font inline."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import tokenflow_i18n
-    return tokenflow_i18n.web_font_css((ROOT / tokenflow_i18n.WEB_FONT).read_bytes())
-
-
 def print_edition(browser, html_dir: Path, out: Path, pages: list[str]) -> dict:
     """Print ``pages`` of the edition built in ``html_dir`` into one PDF ``out``; return
-    ``{"pages": {page: A4 pages}, "problems": [...]}``. A page of an edition without the web
-    font (English: its Chinese examples would otherwise need a Chinese system font) gets the
-    Chinese edition's for printing, so the PDF carries every glyph whatever the machine; a
-    Chinese character the page shows but the PDF's text lacks (a missing glyph) is a
-    problem."""
+    ``{"pages": {page: A4 pages}, "problems": [...]}``. Every page of both editions links the
+    book's web fonts (scripts/tokenflow_i18n.py), so the PDF carries every glyph whatever the
+    machine; a page without them, or a Chinese character the page shows but the PDF's text
+    lacks (a missing glyph), is a problem."""
     from pypdf import PdfReader, PdfWriter
-    font_css = None
     handler = functools.partial(_Quiet, directory=str(html_dir))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -148,9 +139,7 @@ def print_edition(browser, html_dir: Path, out: Path, pages: list[str]) -> dict:
             page.goto(base + name + ".html", wait_until="load")
             page.evaluate(READY_JS)
             if not page.evaluate(HAS_WEB_FONT_JS):
-                font_css = font_css or _web_font_css()
-                page.add_style_tag(content=font_css)
-                page.evaluate(FONTS_JS)
+                problems.append(f"{name}: the page does not link the book's web fonts")
             shown = set(CJK.findall(page.evaluate(TEXT_JS)))
             if name == pages[0] and not page.evaluate(LICENCE_JS):
                 problems.append(f"{name}: no licence footer to print")

@@ -13,9 +13,13 @@ Names) and both carrying the upstream copyright and licence in their ``name`` ta
   Noto Sans CJK lacks (most of Latin Extended-A, which byte-level BPE's alphabet uses, U+FFFD,
   modifier letters), taken from the DejaVu Sans that matplotlib ships (Bitstream Vera licence,
   DejaVu changes in the public domain: ``LICENSE_DEJAVU``); matplotlib falls back to it per glyph.
-* ``src/tokenflow/data/fonts/TokenflowCJK-zh.woff2``: the Chinese edition's web font, only the
-  CJK glyphs its pages use (the zh catalogs, book pages, notebooks); ``scripts/tokenflow_i18n.py``
-  serves it from the zh build (inline, so ``file://`` pages load it too).
+* ``src/tokenflow/data/fonts/TokenflowCJK-zh.woff2``: the book's web font, only the CJK glyphs
+  its pages use (the zh catalogs, book pages, notebooks: the English edition's Chinese examples
+  as well as the Chinese edition); ``scripts/tokenflow_i18n.py`` serves it in both editions
+  (inline, so ``file://`` pages load it too), ``tokenflow.viz.notebook_css`` in JupyterLab.
+* ``src/tokenflow/data/fonts/TokenflowEmoji.woff2``: the few characters beyond the Basic
+  Multilingual Plane the pages show (chapter 1's emoji), a subset of Noto Color Emoji (SIL Open
+  Font License 1.1, Debian's ``fonts-noto-color-emoji``), colour bitmaps (CBDT).
 
 ``tests/test_fonts.py`` fails when a character appears in the book that a font lacks; then
 rerun this script. It needs the Noto Sans CJK collection (Debian's ``fonts-noto-cjk``; the
@@ -58,6 +62,9 @@ FIGURE_RANGES = [
 ]
 # What the web font covers (its CSS unicode-range): CJK only, Latin stays the theme's font.
 WEB_RANGES = [(0x2E80, 0x9FFF), (0xF900, 0xFAFF), (0xFE30, 0xFE4F), (0xFF00, 0xFFEF)]
+EMOJI_FAMILY = "Tokenflow Emoji"     # the pages' characters beyond the BMP (chapter 1's emoji)
+EMOJI_FONT = FONT_DIR / "TokenflowEmoji.woff2"
+EMOJI_RANGES = [(0x1F000, 0x1FAFF)]
 
 
 def _in(ranges, ch: str) -> bool:
@@ -123,14 +130,33 @@ def web_characters(root: Path = ROOT) -> set[str]:
     return {c for c in set(text) if _in(WEB_RANGES, c)}
 
 
+def emoji_characters(root: Path = ROOT) -> set[str]:
+    """The emoji (:data:`EMOJI_RANGES`) the pages can show: the same sources as
+    :func:`web_characters`."""
+    paths = sorted(glob.glob(str(root / "locale" / "zh_CN" / "**" / "*.po"), recursive=True))
+    paths += sorted(glob.glob(str(root / "book" / "*.md")))
+    paths += sorted(glob.glob(str(root / "notebooks" / "*.ipynb")))
+    return {c for c in set(_text_of(paths)) if _in(EMOJI_RANGES, c)}
+
+
 def _noto_dir(given: str | None) -> Path:
     if given:
         return Path(given)
     tmp = Path(tempfile.mkdtemp(prefix="noto-cjk-"))
-    subprocess.run(["apt-get", "download", "fonts-noto-cjk"], cwd=tmp, check=True)
-    deb = next(tmp.glob("fonts-noto-cjk_*.deb"))
-    subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp / "x")], check=True)
+    subprocess.run(["apt-get", "download", "fonts-noto-cjk", "fonts-noto-color-emoji"],
+                   cwd=tmp, check=True)
+    for deb in tmp.glob("fonts-noto-*.deb"):
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp / "x")], check=True)
     return tmp / "x" / "usr" / "share" / "fonts" / "opentype" / "noto"
+
+
+def _emoji_file(noto_dir: Path) -> Path:
+    """NotoColorEmoji.ttf next to the CJK collection or where Debian's package puts it."""
+    for path in (noto_dir / "NotoColorEmoji.ttf",
+                 noto_dir.parents[1] / "truetype" / "noto" / "NotoColorEmoji.ttf"):
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"no NotoColorEmoji.ttf near {noto_dir} (fonts-noto-color-emoji)")
 
 
 def _sc_face(ttc: Path):
@@ -156,7 +182,7 @@ def _subset(font, chars: set[str]):
     return font
 
 
-def _rename(font, family: str, style: str) -> None:
+def _rename(font, family: str, style: str, source: str = SC_INDEX_NAME) -> None:
     """New family name (OFL: no Reserved Font Name in a modified version); copyright (0),
     licence (13, 14) and a description of the derivation stay/are added."""
     name = font["name"]
@@ -166,7 +192,7 @@ def _rename(font, family: str, style: str) -> None:
     for nid in (1, 2, 3, 4, 6, 16, 17, 21, 22):
         name.removeNames(nameID=nid)
     for nid, value in {1: family, 2: style, 3: f"{ps};tokenflow subset", 4: full, 6: ps,
-                       10: f"Subset of Noto Sans CJK SC ({upstream}) for the tokenflow book, "
+                       10: f"Subset of {source} ({upstream}) for the tokenflow book, "
                            "made by scripts/build_fonts.py"}.items():
         name.setName(value, nid, 3, 1, 0x409)
         name.setName(value, nid, 1, 0, 0)
@@ -259,6 +285,11 @@ def build(noto_dir: Path, out_dir: Path = FONT_DIR) -> list[Path]:
     web.flavor = "woff2"
     web.save(str(WEB_FONT if out_dir == FONT_DIR else out_dir / WEB_FONT.name))
     written.append(out_dir / WEB_FONT.name)
+    emoji = _subset(TTFont(str(_emoji_file(noto_dir))), emoji_characters())
+    _rename(emoji, EMOJI_FAMILY, "Regular", source="Noto Color Emoji")
+    emoji.flavor = "woff2"
+    emoji.save(str(EMOJI_FONT if out_dir == FONT_DIR else out_dir / EMOJI_FONT.name))
+    written.append(out_dir / EMOJI_FONT.name)
     for p in written:
         print(f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}: {p.stat().st_size:,} bytes")
     return written

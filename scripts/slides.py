@@ -19,7 +19,8 @@ each message is looked up in ``locale/zh_CN/LC_MESSAGES/notebooks/<chapter>.po``
 (an untranslated or fuzzy message stays English). Outputs stay as stored, as in the book.
 
 Each file stands alone: figures are ``data:`` URLs, style and script are inline, and Chinese
-characters are drawn with a subset of the book's web font (``TokenflowCJK-zh.woff2``, SIL OFL,
+characters and emoji are drawn with subsets of the book's web fonts (``TokenflowCJK-zh.woff2``,
+``TokenflowEmoji.woff2``, SIL OFL,
 subset by ``build_fonts._subset``), inline as well, since Chromium refuses fonts from ``file://``
 URLs. No request leaves the file: a deck opens from a USB stick. Keys: right / left arrow,
 PageDown / PageUp, space, Home / End; the two buttons; ``#3`` in the URL opens slide 3. A slide is
@@ -319,21 +320,27 @@ def chapters(root: Path = ROOT) -> list[Path]:
 
 # --- font ------------------------------------------------------------------------------------
 def font_css(text: str) -> str:
-    """``@font-face`` for :data:`FONT_FAMILY`: the book's web font cut to the CJK characters of
-    ``text``, woff2 inline; ``""`` when ``text`` has none."""
-    chars = {c for c in text if any(a <= ord(c) <= b for a, b in FONT_RANGES)}
-    if not chars:
-        return ""
+    """``@font-face`` for :data:`FONT_FAMILY`: the book's web fonts (Chinese, and emoji under the
+    same family with their own ``unicode-range``) cut to the characters of ``text``, woff2
+    inline; ``""`` when ``text`` has none."""
     from fontTools.ttLib import TTFont
-    font = build_fonts._subset(TTFont(str(FONT)), chars)
-    font.flavor = "woff2"
-    buf = io.BytesIO()
-    font.save(buf)
-    ranges = ", ".join(f"U+{a:X}-{b:X}" for a, b in FONT_RANGES)
-    return (f"/* {FONT_FAMILY}: subset of Noto Sans CJK SC, SIL Open Font License 1.1 */\n"
-            f'@font-face {{ font-family: "{FONT_FAMILY}"; font-weight: 400; '
-            f"unicode-range: {ranges};\n  src: url(data:font/woff2;base64,"
-            f'{base64.b64encode(buf.getvalue()).decode()}) format("woff2"); }}\n')
+    css = []
+    for path, ranges in ((FONT, FONT_RANGES), (build_fonts.EMOJI_FONT, build_fonts.EMOJI_RANGES)):
+        chars = {c for c in text if any(a <= ord(c) <= b for a, b in ranges)}
+        if not chars:
+            continue
+        font = build_fonts._subset(TTFont(str(path)), chars)
+        font.flavor = "woff2"
+        buf = io.BytesIO()
+        font.save(buf)
+        css.append(f'@font-face {{ font-family: "{FONT_FAMILY}"; font-weight: 400; '
+                   f"unicode-range: {', '.join(f'U+{a:X}-{b:X}' for a, b in ranges)};\n"
+                   f"  src: url(data:font/woff2;base64,"
+                   f'{base64.b64encode(buf.getvalue()).decode()}) format("woff2"); }}\n')
+    if not css:
+        return ""
+    return ("/* " + FONT_FAMILY + ": subsets of Noto Sans CJK SC and Noto Color Emoji, "
+            "SIL Open Font License 1.1 */\n" + "".join(css))
 
 
 # --- HTML ------------------------------------------------------------------------------------

@@ -13,17 +13,18 @@ extension adds what Sphinx's own translation step does not cover:
 * per-edition config values that are not messages (``html_title``, the search box placeholder
   ``html_theme_options.search_bar_text``, the licence footer ``html_theme_options.extra_footer``),
   from ``tokenflow_editions`` in _config.yml;
-* the Chinese edition's web font: ``src/tokenflow/data/fonts/TokenflowCJK-zh.woff2`` (a subset
-  of Noto Sans CJK SC with only the glyphs the zh pages use, see scripts/build_fonts.py) is
-  copied to ``_static/fonts/`` and declared by ``_static/tokenflow-zh-font.css``, inline as a
-  ``data:`` URL (Chromium refuses web fonts from ``file://`` URLs), with a ``unicode-range`` of
-  CJK only: a browser without any Chinese font draws the characters, Latin keeps the theme's font.
+* the book's web fonts, in both editions (the English pages show Chinese examples and an
+  emoji): ``src/tokenflow/data/fonts/TokenflowCJK-zh.woff2`` (a subset of Noto Sans CJK SC with
+  only the glyphs the pages use) and ``TokenflowEmoji.woff2`` (Noto Color Emoji, the pages'
+  emoji), see scripts/build_fonts.py, are copied to ``_static/fonts/`` and declared by
+  ``_static/tokenflow-zh-font.css``, inline as ``data:`` URLs (Chromium refuses web fonts from
+  ``file://`` URLs), with a ``unicode-range`` of CJK and emoji only: a browser without any
+  Chinese or emoji font draws the characters, Latin keeps the theme's font.
 
 Loaded by _config.yml (``sphinx: local_extensions: {tokenflow_i18n: scripts/}``).
 """
 from __future__ import annotations
 
-import base64
 import html
 import shutil
 from pathlib import Path
@@ -37,10 +38,24 @@ TEMPLATES = str(Path(__file__).with_name("templates"))
 SWITCH_TEMPLATE = "tokenflow-language-switch.html"      # the links alone
 HEADER_END_TEMPLATE = "tokenflow-header-end.html"      # the links + the theme's buttons, one row
 BUTTONS_TEMPLATE = "article-header-buttons.html"       # sphinx-book-theme's header buttons
-WEB_FONT = Path("src", "tokenflow", "data", "fonts", "TokenflowCJK-zh.woff2")  # under srcdir
+FONT_DIR = Path("src", "tokenflow", "data", "fonts")                # under srcdir
+WEB_FONT = FONT_DIR / "TokenflowCJK-zh.woff2"
 WEB_FONT_CSS = "tokenflow-zh-font.css"
-WEB_FONT_FAMILY = "Tokenflow CJK"
-WEB_FONT_RANGE = "U+2E80-9FFF, U+F900-FAFF, U+FE30-FE4F, U+FF00-FFEF"   # as build_fonts.WEB_RANGES
+
+
+def _fonts():
+    """tokenflow.viz.fonts, loaded from its file (importing tokenflow.viz would import torch)."""
+    import importlib.util
+    import sys
+    if "tokenflow_web_fonts" not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "src" / "tokenflow" / "viz" / "fonts.py"
+        spec = importlib.util.spec_from_file_location("tokenflow_web_fonts", path)
+        sys.modules["tokenflow_web_fonts"] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["tokenflow_web_fonts"]
+
+
+WEB_FONTS = _fonts().WEB_FONTS
 DEFAULT_EDITIONS = {
     "en": {"label": "English", "path": ""},
     "zh_CN": {"label": "中文", "path": "zh"},
@@ -132,50 +147,40 @@ class TranslateTocCaptions(SphinxTransform):
                 toctree["caption"] = catalog.gettext(toctree["caption"])
 
 
-def _web_font_source(app) -> Path:
-    path = Path(app.srcdir, WEB_FONT)
-    if not path.is_file():
-        raise FileNotFoundError(f"the Chinese edition's web font {path} is missing "
-                                "(scripts/build_fonts.py makes it)")
-    return path
+def _web_font_sources(app) -> list[Path]:
+    paths = [Path(app.srcdir, FONT_DIR, name) for name, _ in WEB_FONTS]
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(f"the book's web font {path} is missing "
+                                    "(scripts/build_fonts.py makes it)")
+    return paths
 
 
-def web_font_css(woff2: bytes) -> str:
-    """The stylesheet that gives the Chinese edition its font: ``@font-face`` with the woff2
-    inline (and the copied file as a second source), first in the theme's text and heading
-    families and last in its monospace family, restricted to CJK code points."""
-    data = base64.b64encode(woff2).decode()
-    family = f'"{WEB_FONT_FAMILY}"'
-    return (
-        f"/* {WEB_FONT_FAMILY}: subset of Noto Sans CJK SC, SIL Open Font License 1.1 "
-        f"(fonts/OFL.txt); scripts/build_fonts.py */\n"
-        f"@font-face {{ font-family: {family}; font-style: normal; font-weight: 400 700; "
-        f"font-display: swap; unicode-range: {WEB_FONT_RANGE};\n"
-        f'  src: url(data:font/woff2;base64,{data}) format("woff2"),\n'
-        f'       url(fonts/{WEB_FONT.name}) format("woff2"); }}\n'
-        f"html {{ --pst-font-family-base: {family}, var(--pst-font-family-base-system);\n"
-        f"  --pst-font-family-heading: {family}, var(--pst-font-family-base-system);\n"
-        f"  --pst-font-family-monospace: var(--pst-font-family-monospace-system), {family}; }}\n"
-    )
+def web_font_css() -> str:
+    """The stylesheet that gives both editions their Chinese characters and emoji
+    (:func:`tokenflow.viz.fonts.web_font_css`: inline woff2, the copied files as a second
+    source, first in the theme's text and heading families, last in its monospace family)."""
+    return _fonts().web_font_css(copied_to="fonts", target="book")
 
 
 def _add_web_font(app) -> None:
-    """builder-inited: the Chinese HTML edition links :data:`WEB_FONT_CSS` on every page."""
-    if _current(app.config) != "en" and app.builder.format == "html":
-        _web_font_source(app)
+    """builder-inited: every HTML page of both editions links :data:`WEB_FONT_CSS` (the English
+    edition shows Chinese examples on every page)."""
+    if app.builder.format == "html":
+        _web_font_sources(app)
         app.add_css_file(WEB_FONT_CSS)
 
 
 def _write_web_font(app, exception) -> None:
-    """build-finished: write the stylesheet and copy the font and its licence to _static/."""
-    if exception or _current(app.config) == "en" or app.builder.format != "html":
+    """build-finished: write the stylesheet and copy the fonts and their licence to _static/."""
+    if exception or app.builder.format != "html":
         return
-    src = _web_font_source(app)
     static = Path(app.outdir, "_static")
     (static / "fonts").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, static / "fonts" / src.name)
-    shutil.copyfile(src.with_name("OFL.txt"), static / "fonts" / "OFL.txt")
-    (static / WEB_FONT_CSS).write_text(web_font_css(src.read_bytes()), encoding="utf-8")
+    for src in _web_font_sources(app):
+        shutil.copyfile(src, static / "fonts" / src.name)
+    shutil.copyfile(Path(app.srcdir, FONT_DIR, "OFL.txt"), static / "fonts" / "OFL.txt")
+    (static / WEB_FONT_CSS).write_text(web_font_css(), encoding="utf-8")
 
 
 def setup(app):

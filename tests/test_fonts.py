@@ -134,3 +134,19 @@ def test_book_figures_open_only_the_bundled_font(book_fonts, monkeypatch):
     assert opened, "no font was opened: the recording hook missed the renderer"
     assert opened <= book_fonts, f"figures opened other fonts: {sorted(opened - book_fonts)}"
     assert any("Fallback" in p for p in opened) and any("Fallback" not in p for p in opened)
+
+
+def test_the_emoji_web_font_covers_the_pages_emoji():
+    """Every emoji of the pages' sources (chapter 1's byte-level example) has a glyph in
+    TokenflowEmoji.woff2, declared with the Chinese web font (tokenflow.viz.fonts.WEB_FONTS)."""
+    pytest.importorskip("brotli", reason="woff2 needs brotli (requirements.txt)")
+    from fontTools.ttLib import TTFont
+    from tokenflow.viz import fonts
+    build_fonts = _build_fonts()
+    wanted = build_fonts.emoji_characters()
+    assert "\U0001F642" in wanted
+    cmap = TTFont(str(build_fonts.EMOJI_FONT))["cmap"].getBestCmap()
+    missing = sorted(c for c in wanted if ord(c) not in cmap)
+    assert not missing, f"no glyph for {''.join(missing)!r}: rerun scripts/build_fonts.py"
+    assert build_fonts.EMOJI_FONT.name in dict(fonts.WEB_FONTS)
+    assert build_fonts.WEB_FONT.name in dict(fonts.WEB_FONTS)

@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import base64
+
 import hashlib
 import importlib.util
 import json
@@ -350,7 +352,8 @@ def test_zh_pages_ship_their_web_font(zh_html):
     assert woff2.is_file() and (static / "fonts" / "OFL.txt").is_file()
     assert woff2.read_bytes() == (ROOT / tokenflow_i18n.WEB_FONT).read_bytes()
     css = (static / tokenflow_i18n.WEB_FONT_CSS).read_text(encoding="utf-8")
-    assert css == tokenflow_i18n.web_font_css(woff2.read_bytes())
+    assert css == tokenflow_i18n.web_font_css()
+    assert base64.b64encode(woff2.read_bytes()).decode() in css
     cmap = TTFont(str(woff2))["cmap"].getBestCmap()
     cjk = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\ufe30-\ufe4f\uff00-\uffef]")
     pages = sorted(p for p in zh_html.rglob("*.html") if "_static" not in p.parts)

@@ -61,7 +61,8 @@ def lab(tmp_path_factory):
     """JupyterLab on 127.0.0.1 (a free port, no token, no news or update checks) serving a
     temporary copy of the chapters in NOTEBOOKS, with ``window.jupyterapp`` exposed (for Run
     All) and its workspaces in a temporary folder too (not ~/.jupyter: JupyterLab reopens the
-    notebooks a workspace had open, with their kernels); yields its base URL."""
+    notebooks a workspace had open, with their kernels) and, as ``make lab`` starts it, the
+    book's web fonts in a ``custom.css``; yields its base URL."""
     root = tmp_path_factory.mktemp("lab")
     workspaces = tmp_path_factory.mktemp("lab-workspaces")
     for path in chapters():
@@ -77,7 +78,14 @@ def lab(tmp_path_factory):
            "--LabApp.expose_app_in_browser=True", f"--LabApp.workspaces_dir={workspaces}"]
     if os.name == "posix" and os.getuid() == 0:
         cmd.append("--allow-root")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # as `make lab`: a Jupyter config folder whose custom/custom.css has the book's web fonts
+    from tokenflow.viz.fonts import write_lab_css
+    config = tmp_path_factory.mktemp("jupyter-config")
+    if not os.environ.get("TOKENFLOW_NO_WEB_FONT"):      # set: Lab without the book's fonts
+        write_lab_css(config / "custom" / "custom.css")
+    cmd.append("--LabApp.custom_css=True")
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config))
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -313,3 +321,23 @@ def test_run_all_keeps_solutions_folded(ran_all):
         problems += [f"{stem}: solution output on the page after Run All: {t!r}"
                      for t in _solution_texts(nb) if t in r["text"]]
     assert ran_all and not problems, "\n".join(problems)
+
+
+def test_an_untrusted_chapter_draws_every_character(browser, lab):
+    """Chapter 1 opened untrusted in JupyterLab started as ``make lab`` does (custom.css with the
+    book's web fonts): no Chinese character or emoji of its markdown, code or stored outputs is
+    drawn as the missing-glyph box (tests/glyphs.js, as the book's browser test measures it)."""
+    glyphs = (Path(__file__).with_name("glyphs.js")).read_text(encoding="utf-8")
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = ctx.new_page()
+    try:
+        page.goto(f"{lab}lab/tree/01_hidden_state.ipynb?reset", wait_until="load")
+        page.wait_for_function("() => document.querySelectorAll('.jp-Notebook .jp-Cell')"
+                               ".length > 10 && !!document.querySelector('.jp-RenderedMarkdown')",
+                               timeout=60_000)
+        page.evaluate("() => document.fonts.ready.then(() => null)")
+        r = page.evaluate(glyphs)
+    finally:
+        ctx.close()
+    assert r["checked"] > 20, r
+    assert not r["missing"], "\n".join(r["missing"][:20])

@@ -75,7 +75,7 @@ def test_check_passes_here():
     proc = _run_check()
     lines = [l for l in proc.stdout.splitlines() if l.startswith("[")]
     assert [l.split("]")[1].split()[0] for l in lines] == \
-        ["python", "torch", "font", "jupyterlab", "example"], proc.stdout
+        ["python", "torch", "font", "jupyterlab", "web", "example"], proc.stdout
     assert "predicts 都" in proc.stdout
     failed = [l for l in lines if l.startswith("[FAIL]")]
     if check.font_files():
@@ -90,7 +90,7 @@ def test_check_fails_without_the_font(tmp_path):
     proc = _run_check(TOKENFLOW_FONT_DIR=str(tmp_path))
     assert proc.returncode == 1
     assert f"[FAIL] font       bundled font missing: no .ttf/.otf in {tmp_path}" in proc.stdout
-    assert "fix: " in proc.stdout and "not ready: 1 of 5" in proc.stdout
+    assert "fix: " in proc.stdout and "not ready: 1 of 6" in proc.stdout
     zh = _run_check("--lang", "zh", TOKENFLOW_FONT_DIR=str(tmp_path))
     assert zh.returncode == 1 and "缺少随书字体" in zh.stdout and "尚未就绪" in zh.stdout
     import matplotlib
@@ -318,3 +318,18 @@ def test_package_without_torch_names_the_fix(tmp_path):
     assert "IMPORTERROR tokenflow.load_pretrained needs a working torch" in proc.stdout, \
         proc.stdout + proc.stderr
     assert "pip install -r requirements.txt" in proc.stdout
+
+
+def test_check_web_font_needs_lab_stylesheet(tmp_path, monkeypatch):
+    """The notebooks' web fonts: without a JupyterLab custom.css declaring them a WARN with the
+    command that writes one; once written (tokenflow.viz.fonts.write_lab_css) OK; a font folder
+    without them a FAIL."""
+    css = tmp_path / "custom" / "custom.css"
+    monkeypatch.setattr(check, "lab_css_paths", lambda: [css])
+    r = check.check_web_font()
+    assert r.status == check.WARN and "--lab-css" in "\n".join(r.lines())
+    from tokenflow.viz.fonts import write_lab_css
+    write_lab_css(css)
+    assert check.check_web_font().status == check.OK
+    assert "--jp-content-font-family" in css.read_text(encoding="utf-8")
+    assert check.check_web_font(tmp_path).status == check.FAIL

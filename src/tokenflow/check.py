@@ -76,6 +76,14 @@ MESSAGES = {
                      "it (no {rel} under {paths})",
         "lab.noext.fix": "install jupyterlab and jupyterlab_widgets into the same environment, "
                          "then run jupyter lab from it (python -m jupyter lab)",
+        "webfont": "the notebooks' web fonts draw " + EXPECTED + " and the emoji in JupyterLab "
+                   "({css})",
+        "webfont.damaged": "web font {file} missing or without its glyphs: {error}",
+        "webfont.damaged.fix": "git checkout -- src/tokenflow/data/fonts",
+        "webfont.nocss": "JupyterLab has no book font stylesheet: without a Chinese system font "
+                         "the notebooks show boxes for Chinese characters",
+        "webfont.nocss.fix": "start JupyterLab with make lab, or: python -m tokenflow.viz.fonts "
+                             "--lab-css {css} ; python -m jupyter lab --custom-css notebooks",
         "example": "running example: after " + PROMPT + " the model predicts {token} "
                    "({seconds:.1f} s)",
         "example.bad": "running example: after " + PROMPT + " the model predicts {token!r}, "
@@ -124,6 +132,13 @@ MESSAGES = {
                      "但 JupyterLab 看不到它（{paths} 下没有 {rel}）",
         "lab.noext.fix": "把 jupyterlab 和 jupyterlab_widgets 装进同一个环境，"
                          "并从该环境启动：python -m jupyter lab",
+        "webfont": "笔记本的网页字体能在 JupyterLab 中显示“" + EXPECTED + "”和表情符号（{css}）",
+        "webfont.damaged": "网页字体 {file} 缺失或缺少字形：{error}",
+        "webfont.damaged.fix": "git checkout -- src/tokenflow/data/fonts",
+        "webfont.nocss": "JupyterLab 没有随书字体样式表：没有中文系统字体时，"
+                         "笔记本里的汉字会显示成方框",
+        "webfont.nocss.fix": "用 make lab 启动 JupyterLab，或者：python -m tokenflow.viz.fonts "
+                             "--lab-css {css} ；python -m jupyter lab --custom-css notebooks",
         "example": "贯穿全书的例子：" + PROMPT + " 之后模型预测“{token}”（{seconds:.1f} 秒）",
         "example.bad": "贯穿全书的例子：" + PROMPT + " 之后模型预测 {token!r}，而不是“"
                        + EXPECTED + "”",
@@ -137,9 +152,9 @@ MESSAGES = {
     },
 }
 LABELS = {"en": {"python": "python", "torch": "torch", "font": "font", "lab": "jupyterlab",
-                 "example": "example"},
+                 "webfont": "web font", "example": "example"},
           "zh": {"python": "Python", "torch": "torch", "font": "字体", "lab": "JupyterLab",
-                 "example": "例子"}}
+                 "webfont": "网页字体", "example": "例子"}}
 
 
 @dataclass
@@ -286,6 +301,40 @@ def check_lab() -> Result:
     return Result("lab", OK, "lab", versions)
 
 
+WEB_FONT_GLYPHS = {"TokenflowCJK-zh.woff2": EXPECTED, "TokenflowEmoji.woff2": "\U0001F642"}
+"""A character each web font of :data:`FONT_DIR` must draw (tokenflow.viz.fonts.WEB_FONTS)."""
+
+
+def lab_css_paths() -> list[Path]:
+    """Where JupyterLab's ``--custom-css`` looks for the book's stylesheet: ``make lab``'s config
+    folder (``_build/jupyter-config``, when run from a checkout) and the user's Jupyter config
+    folder."""
+    from jupyter_core.paths import jupyter_config_dir
+    paths = [PACKAGE_DIR.parents[1] / "_build" / "jupyter-config" / "custom" / "custom.css"]
+    return paths + [Path(jupyter_config_dir()) / "custom" / "custom.css"]
+
+
+def check_web_font(font_dir: Path | None = None) -> Result:
+    """What a notebook in JupyterLab draws Chinese and emoji with on a machine without such
+    system fonts: the web fonts (each holds its glyph of :data:`WEB_FONT_GLYPHS`) and a
+    JupyterLab ``custom.css`` declaring them (written by ``make lab``, or
+    ``python -m tokenflow.viz.fonts --lab-css PATH``); without the stylesheet a WARN."""
+    d = Path(font_dir or FONT_DIR)
+    for name, char in WEB_FONT_GLYPHS.items():
+        try:
+            from fontTools.ttLib import TTFont
+            if ord(char) not in TTFont(str(d / name)).getBestCmap():
+                raise ValueError(f"no glyph for {char}")
+        except Exception as exc:
+            return Result("webfont", FAIL, "webfont.damaged",
+                          dict(file=d / name, error=f"{type(exc).__name__}: {exc}"), fix=True)
+    paths = lab_css_paths()
+    for css in paths:
+        if css.is_file() and "Tokenflow CJK" in css.read_text(encoding="utf-8", errors="replace"):
+            return Result("webfont", OK, "webfont", dict(css=css))
+    return Result("webfont", WARN, "webfont.nocss", dict(css=paths[-1]), fix=True)
+
+
 def check_example() -> Result:
     """load_pretrained(), one forward pass over 北京是中国的首, greedy last position: 都."""
     start = time.perf_counter()
@@ -307,7 +356,7 @@ def check_example() -> Result:
 
 def run_checks() -> list[Result]:
     """Every check, in order; the running example is skipped (a FAIL) when torch failed."""
-    results = [check_python(), check_torch(), check_font(), check_lab()]
+    results = [check_python(), check_torch(), check_font(), check_lab(), check_web_font()]
     if results[1].status == FAIL:
         results.append(Result("example", FAIL, "skipped"))
     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
+from .style import column_figsize, MIN_FONT_PT, series_style, text_on
 from tokenflow.analysis.trace import COLORS
 
 from .hidden import _as_2d
@@ -43,9 +44,10 @@ def attention_context_plot(attention_weights: dict, tokens: list[str], query_ind
     nh, Sk = first.shape[1], first.shape[-1]
     if len(tokens) != Sk:
         raise ValueError(f"tokens must have S_k={Sk} entries, got {len(tokens)}")
-    ncols = min(3, len(layers))                   # at most 3 panels per row: <= 9 inches wide
+    ncols = min(2, len(layers))                   # 2 panels per row fill the book column
     nrows = -(-len(layers) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.0 * ncols, (0.5 * nh + 1.5) * nrows + 0.4),
+    fig, axes = plt.subplots(nrows, ncols, figsize=column_figsize(3.25 * ncols,
+                                                                  (0.5 * nh + 1.5) * nrows + 0.4),
                              squeeze=False)
     for ax in axes.flat[len(layers):]:
         ax.remove()
@@ -55,8 +57,8 @@ def attention_context_plot(attention_weights: dict, tokens: list[str], query_ind
         for h in range(nh):
             for k in range(Sk):
                 v = float(w[h, k])
-                ax.text(k, h, f"{v:.2f}", ha="center", va="center", fontsize=9,
-                        color="white" if v > 0.6 else "black")
+                ax.text(k, h, f"{v:.2f}", ha="center", va="center", fontsize=MIN_FONT_PT,
+                        color=text_on(plt.get_cmap("Blues")(v)))
         ax.set_xticks(range(Sk), tokens)
         ax.set_yticks(range(nh), [f"head {h}" for h in range(nh)])
         ax.set_title(f"layer {l}")
@@ -78,7 +80,7 @@ def attention_head_heatmap(weights, q_labels: list[str], k_labels: list[str], ti
     if len(q_labels) != w.shape[0] or len(k_labels) != w.shape[1]:
         raise ValueError(f"q_labels/k_labels must have {w.shape[0]}/{w.shape[1]} entries, got "
                          f"{len(q_labels)}/{len(k_labels)}")
-    fig, ax = plt.subplots(figsize=(min(9.0, 0.8 * w.shape[1] + 2.2),
+    fig, ax = plt.subplots(figsize=column_figsize(min(9.0, 0.8 * w.shape[1] + 2.2),
                                     0.55 * w.shape[0] + 1.4))
     ax.imshow(w.numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto")
     for i in range(w.shape[0]):
@@ -88,8 +90,8 @@ def attention_head_heatmap(weights, q_labels: list[str], k_labels: list[str], ti
                 ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//",
                                            ec="#bbbbbb", lw=0))
             else:
-                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=9,
-                        color="white" if v > 0.6 else "black")
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=MIN_FONT_PT,
+                        color=text_on(plt.get_cmap("Blues")(v)))
     ax.set_xticks(range(w.shape[1]), k_labels)
     ax.set_yticks(range(w.shape[0]), q_labels)
     ax.set_xlabel("key (what is read)")
@@ -121,7 +123,7 @@ def kv_cache_growth_plot(config, max_len: int, kv_heads: list[int],
         raise ValueError(f"max_len must be an int >= 1, got {max_len!r}")
     if not kv_heads:
         raise ValueError("kv_heads must be a non-empty list of ints")
-    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    fig, ax = plt.subplots(figsize=column_figsize(6.5, 3.4))
     xs = [1, max_len]
     styles = iter(["--", ":", "-.", (0, (5, 1, 1, 1))] * len(kv_heads))
     for n in kv_heads:
@@ -137,7 +139,7 @@ def kv_cache_growth_plot(config, max_len: int, kv_heads: list[int],
                 label=f"{n} KV heads ({kind}): {per:,} B/token")
     ax.set_xlabel("tokens in the sequence")
     ax.set_ylabel("KV cache (MiB)")
-    ax.legend(fontsize=9)
+    ax.legend(fontsize=MIN_FONT_PT)
     ax.set_title(title or f"KV cache of one sequence, {config.name}")
     fig.tight_layout()
     return fig
@@ -154,18 +156,17 @@ def cache_per_sequence_plot(layouts, contexts, bytes_per_element: float = 2, tit
     """
     if not layouts or not contexts:
         raise ValueError("layouts and contexts must be non-empty")
-    fig, ax = plt.subplots(figsize=(8.5, 4.2))
-    cmap = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=column_figsize(8.5, 4.2))
     for i, lay in enumerate(layouts):
         gib = [lay.bytes(n, 1, bytes_per_element) / 2**30 for n in contexts]
-        ax.plot(contexts, gib, "--" if lay.name.endswith("*") else "-", color=cmap(i),
-                lw=1.6, label=lay.name)
+        ax.plot(contexts, gib, "--" if lay.name.endswith("*") else "-", **series_style(i),
+                markersize=4, lw=1.6, label=lay.name)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("tokens in the sequence (context length)")
     ax.set_ylabel("cache per sequence (GiB)")
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=MIN_FONT_PT, loc="upper left")
     ax.set_title(title or "what one sequence keeps, by attention kind", fontsize=10)
     fig.tight_layout()
     return fig

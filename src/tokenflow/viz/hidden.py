@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
+from .style import COLUMN_WIDTH_IN, column_figsize, MIN_FONT_PT, text_on
 from matplotlib.patches import FancyBboxPatch
 
 from tokenflow.analysis.trace import COLORS
@@ -21,7 +22,7 @@ __all__ = ["topk_bar", "hidden_state_heatmap", "residual_stream_plot", "shape_fl
 def topk_bar(tokens: list[str], values: list[float], highlight: int = 0,
              ylabel: str = "logit", title: str = ""):
     """Bar chart of candidate tokens; bar ``highlight`` in green (the chosen token)."""
-    fig, ax = plt.subplots(figsize=(6, 3))
+    fig, ax = plt.subplots(figsize=column_figsize(6, 3))
     colors = [COLORS["token"] if i == highlight else COLORS["hidden"] for i in range(len(values))]
     ax.bar(range(len(values)), values, color=colors)
     ax.set_xticks(range(len(values)), tokens)
@@ -70,7 +71,7 @@ def hidden_state_heatmap(hidden, row_labels: list[str], title: str = "",
     if len(row_labels) != h.shape[0]:
         raise ValueError(f"row_labels must have {h.shape[0]} entries, got {len(row_labels)}")
     lim = float(h.abs().max()) or 1.0
-    fig, ax = plt.subplots(figsize=(9, 0.45 * h.shape[0] + 1.6))
+    fig, ax = plt.subplots(figsize=column_figsize(9, 0.45 * h.shape[0] + 1.6))
     im = ax.imshow(h.numpy(), aspect="auto", cmap=_hidden_cmap(), vmin=-lim, vmax=lim,
                    interpolation="nearest")
     ax.set_yticks(range(h.shape[0]), row_labels)
@@ -115,7 +116,7 @@ def residual_stream_plot(hidden_states, token_index: int, tokens: list[str],
     rows = torch.stack([h[0, token_index].detach().float() for h in hidden_states])  # [L+1, H]
     labels = ["embedding (l0)"] + [f"after block {i}" for i in range(n - 1)]
     lim = float(rows.abs().max()) or 1.0
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9, 0.5 * n + 1.8),
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=column_figsize(9, 0.5 * n + 1.8),
                                   gridspec_kw=dict(width_ratios=[4, 1]))
     ax.imshow(rows.numpy(), aspect="auto", cmap=_hidden_cmap(), vmin=-lim, vmax=lim,
               interpolation="nearest")
@@ -139,7 +140,7 @@ def shape_flow(steps: list[tuple[str, str]], title: str = "", per_row: int = 4):
     """Boxes joined by arrows, e.g. the steps of one attention call with their shapes.
     ``steps`` is a list of ``(text, kind)``, ``kind`` one of ``COLORS`` (``"hidden"``,
     ``"moe"``, ``"token"``) or ``"cache"`` (drawn as a light-blue store). At most
-    ``per_row`` boxes per row (the figure stays <= 9 inches wide, text 9.5 pt); longer
+    ``per_row`` boxes per row, and no more than fit the book column (3) with 10 pt text; longer
     chains continue on the next row, left to right, joined by an elbow arrow.
 
     Raises:
@@ -154,12 +155,15 @@ def shape_flow(steps: list[tuple[str, str]], title: str = "", per_row: int = 4):
         if kind not in fills:
             raise ValueError(f"kind must be one of {sorted(fills)}, got {kind!r}")
     w, h, gap, vgap = 1.6, 1.0, 0.45, 0.55
-    ncols = min(per_row, len(steps))
+    # inches per data unit at least 0.8 (10 pt text fits a box), the figure <= the column
+    fit = int((COLUMN_WIDTH_IN / (1.1 * 0.8) - 0.4 + gap) // (w + gap))
+    ncols = max(1, min(per_row, len(steps), fit))
     nrows = -(-len(steps) // ncols)
     width = ncols * (w + gap) - gap + 0.4
     height = nrows * (h + vgap) - vgap + 0.5
-    scale = min(1.0, 9.0 / (width * 1.1))                   # inches per data unit, <= 9 in
-    fig, ax = plt.subplots(figsize=(width * 1.1 * scale, height * 1.1 * scale + 0.35))
+    scale = min(1.0, COLUMN_WIDTH_IN / (width * 1.1))       # inches per data unit
+    fig, ax = plt.subplots(figsize=column_figsize(width * 1.1 * scale,
+                                                  height * 1.1 * scale + 0.35))
 
     def pos(i):
         r, c = divmod(i, ncols)
@@ -168,8 +172,8 @@ def shape_flow(steps: list[tuple[str, str]], title: str = "", per_row: int = 4):
         x, y = pos(i)
         ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.03", fc=fills[kind],
                                     ec="black", alpha=0.9))
-        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=9.5,
-                color="white" if kind in ("hidden", "token") else "black")
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=MIN_FONT_PT,
+                color=text_on(fills[kind], 0.9))
         if not i:
             continue
         px, py = pos(i - 1)

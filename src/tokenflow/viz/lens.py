@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
+from .style import column_figsize, MIN_FONT_PT, text_on
 from tokenflow.analysis.trace import COLORS
 
 __all__ = ["logit_lens_heatmap", "logit_lens_topk", "logit_lens_explorer", "logit_lens_static",
@@ -59,12 +60,13 @@ def logit_lens_heatmap(lens, tokenizer, tokens: list[str], batch: int = 0, title
     top_p, top_i = probs.max(-1)                                       # [L+1, S]
     depth_labels = [_depth_name(d) for d in range(lens.shape[0])]
     cmap = LinearSegmentedColormap.from_list("tokenflow_lens", ["#ffffff", COLORS["hidden"]])
-    fig, ax = plt.subplots(figsize=(1.25 * len(tokens) + 2.6, 0.55 * lens.shape[0] + 1.5))
+    fig, ax = plt.subplots(figsize=column_figsize(1.25 * len(tokens) + 2.6,
+                                                  0.55 * lens.shape[0] + 1.5))
     im = ax.imshow(top_p.numpy(), cmap=cmap, vmin=0, vmax=1, aspect="auto")
     for (d, s), p in zip([(d, s) for d in range(top_p.shape[0]) for s in range(top_p.shape[1])],
                          top_p.flatten().tolist()):
         ax.text(s, d, f"{tokenizer.id_to_token(int(top_i[d, s]))}\n{p:.2f}", ha="center",
-                va="center", fontsize=9, color="white" if p > 0.6 else "black")
+                va="center", fontsize=MIN_FONT_PT, color=text_on(cmap(p)))
     ax.set_xticks(range(len(tokens)), [f"{t} ->" for t in tokens])
     ax.set_yticks(range(len(depth_labels)), depth_labels)
     ax.set_xlabel("position (input token -> the token it predicts)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
+from .style import column_figsize, MIN_FONT_PT, text_on
 from matplotlib.patches import FancyBboxPatch
 
 from tokenflow.analysis.trace import COLORS
@@ -33,12 +34,12 @@ def _moe_cmap():
 
 
 def moe_flow_diagram():
-    """Chapter 3's two views of an MoE layer as two rows of boxes: the algorithm
+    """Chapter 3's two views of an MoE layer as two columns of boxes: the algorithm
     view (hidden state -> router -> top-k experts -> expert FFN -> weighted combine -> updated
     hidden state) and the system view with experts on other devices (local hidden states ->
     all-to-all dispatch -> remote expert compute -> all-to-all combine -> back at the token
-    positions). Blue = hidden-state flow, yellow = routing / expert parallelism. 9.5 inches
-    wide, labels at 9.5 pt, so it stays readable when a page scales it down."""
+    positions). Blue = hidden-state flow, yellow = routing / expert parallelism. The two views
+    side by side, each a column of boxes, at the book column's width with body-size labels."""
     rows = [("algorithm view (one device)",
              [("hidden state\n[T, H]", "hidden"), ("router / gate\n路由", "moe"),
               ("top-k experts\nK of E", "moe"), ("expert FFN\n专家", "moe"),
@@ -47,22 +48,25 @@ def moe_flow_diagram():
              [("local hidden\nstates [T_r, H]", "hidden"), ("all-to-all\ndispatch", "moe"),
               ("remote expert\ncompute", "moe"), ("all-to-all\ncombine", "moe"),
               ("back at the token\npositions [T_r, H]", "hidden")])]
-    fig, ax = plt.subplots(figsize=(9.5, 3.9))
-    w, gap = 1.32, 0.3                                  # data units ~ inches across
-    for r, (label, boxes) in enumerate(rows):
-        y = 1.75 * (1 - r)
-        ax.text(0.0, y + 1.12, label, fontsize=11, fontweight="bold")
+    # the two views side by side, each a column of boxes top to bottom (data units = inches)
+    w, h, step, col = 2.9, 0.56, 0.74, 3.3
+    top = 6 * step
+    fig, ax = plt.subplots(figsize=column_figsize(6.5, top + 0.4))
+    for c, (label, boxes) in enumerate(rows):
+        x = c * col
+        ax.text(x, top + 0.05, label, fontsize=11, fontweight="bold", va="bottom")
         for i, (text, kind) in enumerate(boxes):
-            x = i * (w + gap)
-            ax.add_patch(FancyBboxPatch((x, y), w, 0.95, boxstyle="round,pad=0.03",
+            y = top - (i + 1) * step + 0.1
+            ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.03",
                                         fc=COLORS[kind], ec="black", alpha=0.88))
-            ax.text(x + w / 2, y + 0.475, text, ha="center", va="center", fontsize=9.5,
-                    color="white" if kind == "hidden" else "black")
+            ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=MIN_FONT_PT,
+                    color=text_on(COLORS[kind], 0.88), linespacing=1.1)
             if i:
-                ax.annotate("", xy=(x - 0.03, y + 0.475), xytext=(x - gap + 0.03, y + 0.475),
+                ax.annotate("", xy=(x + w / 2, y + h + 0.03),
+                            xytext=(x + w / 2, y + step - 0.03),
                             arrowprops=dict(arrowstyle="->", lw=1.4))
-    ax.set_xlim(-0.08, 6 * w + 5 * gap + 0.08)
-    ax.set_ylim(-0.15, 3.1)
+    ax.set_xlim(-0.05, col + w + 0.05)
+    ax.set_ylim(-0.1, top + 0.4)
     ax.axis("off")
     fig.tight_layout()
     return fig
@@ -93,13 +97,14 @@ def routing_heatmap(indices, weights, num_experts: int, row_labels: list[str],
         raise ValueError(f"indices must be in [0, num_experts={num_experts})")
     T = idx.shape[0]
     grid = torch.zeros(T, num_experts).scatter_(1, idx, w)              # [T, E]
-    fig, ax = plt.subplots(figsize=(min(0.62 * num_experts + 2.2, 9.5), 0.5 * T + 1.5))
+    fig, ax = plt.subplots(figsize=column_figsize(min(0.62 * num_experts + 2.2, 9.5),
+                                                  0.5 * T + 1.5))
     ax.imshow(grid.numpy(), cmap=_moe_cmap(), vmin=0, vmax=max(float(w.max()), 1e-9),
               aspect="auto")
     for t in range(T):
         for k in range(idx.shape[1]):
             ax.text(int(idx[t, k]), t, f"{float(w[t, k]):.2f}", ha="center", va="center",
-                    fontsize=9)
+                    fontsize=MIN_FONT_PT)
     ax.set_xticks(range(num_experts), [f"e{e}" for e in range(num_experts)])
     ax.set_yticks(range(T), row_labels)
     ax.set_xticks([e - 0.5 for e in range(1, num_experts)], minor=True)
@@ -129,7 +134,7 @@ def dispatch_combine_diagram(indices, weights, num_experts: int, row_labels: lis
     T, K = idx.shape
     pairs = sorted(((int(idx[t, k]), t, float(w[t, k])) for t in range(T) for k in range(K)))
     P = len(pairs)
-    fig, ax = plt.subplots(figsize=(9, 0.36 * P + 1.6))
+    fig, ax = plt.subplots(figsize=column_figsize(9, 0.36 * P + 1.6))
 
     def y_tok(t):
         return (P - 1) * (1 - (t + 0.5) / T)
@@ -140,8 +145,9 @@ def dispatch_combine_diagram(indices, weights, num_experts: int, row_labels: lis
             ax.add_patch(FancyBboxPatch((x - 0.28, y_tok(t) - 0.3), 0.56, 0.6,
                                         boxstyle="round,pad=0.02", fc=COLORS["hidden"],
                                         ec="black"))
-            ax.text(x, y_tok(t), row_labels[t], ha="center", va="center", color="white",
-                    fontsize=9)
+            ax.text(x, y_tok(t), row_labels[t], ha="center", va="center",
+                    color=text_on(COLORS["hidden"]),
+                    fontsize=MIN_FONT_PT)
     prev = None
     for i, (e, t, wt) in enumerate(pairs):
         y = P - 1 - i
@@ -150,15 +156,15 @@ def dispatch_combine_diagram(indices, weights, num_experts: int, row_labels: lis
             ax.add_patch(plt.Rectangle((0.72, y - n + 0.55), 0.56, n - 0.1, fc=COLORS["moe"],
                                        ec="black", alpha=0.35))
             ax.text(0.75, y - (n - 1) / 2, f"expert {e}\n{n} row{'s' if n > 1 else ''}",
-                    va="center", fontsize=9)
+                    va="center", fontsize=MIN_FONT_PT)
             prev = e
-        ax.text(1.14, y, row_labels[t], ha="center", va="center", fontsize=9)
+        ax.text(1.14, y, row_labels[t], ha="center", va="center", fontsize=MIN_FONT_PT)
         ax.plot([0.28, 0.72], [y_tok(t), y], color=COLORS["moe"], lw=1.2)
         ax.plot([1.28, 1.72], [y, y_tok(t)], color=COLORS["moe"], lw=0.6 + 3.0 * wt / wmax)
     for x, text in ((0.0, "tokens\n[T, H]"), (1.0, "dispatch: rows\ngrouped by expert"
                                                     f"\n[T*K, H] = [{P}, H]"),
                     (2.0, "combine: weighted\nsum back [T, H]")):
-        ax.text(x, P + 0.2, text, ha="center", va="bottom", fontsize=9)
+        ax.text(x, P + 0.2, text, ha="center", va="bottom", fontsize=MIN_FONT_PT)
     ax.set_xlim(-0.5, 2.5)
     ax.set_ylim(-1, P + 1.6)
     ax.axis("off")
@@ -182,7 +188,7 @@ def expert_load_bar(counts, capacity: int | None = None, title: str = "", ax=Non
     if not counts:
         raise ValueError("counts must have at least one expert")
     if ax is None:
-        fig, ax = plt.subplots(figsize=(min(0.3 * len(counts) + 3, 9.5), 3))
+        fig, ax = plt.subplots(figsize=column_figsize(min(0.3 * len(counts) + 3, 9.5), 3))
     else:
         fig = ax.figure
     E = len(counts)
@@ -198,7 +204,7 @@ def expert_load_bar(counts, capacity: int | None = None, title: str = "", ax=Non
     ax.set_ylabel("(token, expert) pairs")
     if E <= 32:
         ax.set_xticks(range(E))
-    ax.legend(fontsize=9, loc="upper right")
+    ax.legend(fontsize=MIN_FONT_PT, loc="upper right")
     ax.set_title(title or "load per expert", fontsize=10)
     fig.tight_layout()
     return fig
@@ -217,13 +223,14 @@ def traffic_heatmap(traffic, title: str = "", ax=None):
     if m.shape != (W, W):
         raise ValueError(f"traffic must be square [W, W], got {list(m.shape)}")
     if ax is None:
-        fig, ax = plt.subplots(figsize=(min(0.8 * W + 2.4, 9.5), min(0.7 * W + 1.6, 9.0)))
+        fig, ax = plt.subplots(figsize=column_figsize(min(0.8 * W + 2.4, 9.5),
+                                                      min(0.7 * W + 1.6, 9.0)))
     else:
         fig = ax.figure
     ax.imshow(m.numpy(), cmap=_moe_cmap(), vmin=0, vmax=max(float(m.max()), 1.0))
     for i in range(W):
         for j in range(W):
-            ax.text(j, i, f"{int(m[i, j])}", ha="center", va="center", fontsize=9,
+            ax.text(j, i, f"{int(m[i, j])}", ha="center", va="center", fontsize=MIN_FONT_PT,
                     fontweight="bold" if i == j else "normal")
         ax.add_patch(plt.Rectangle((i - 0.5, i - 0.5), 1, 1, fill=False, ec=COLORS["hidden"],
                                    lw=2))
@@ -237,7 +244,7 @@ def traffic_heatmap(traffic, title: str = "", ax=None):
 def routing_load_plot(result: dict, title: str = ""):
     """Two panels for :func:`tokenflow.parallel.expert_parallel.simulate_routing` output: load per
     expert with its capacity, and the rank-to-rank traffic."""
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.6),
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=column_figsize(9.5, 3.6),
                                  gridspec_kw=dict(width_ratios=[2.2, 1]))
     expert_load_bar(result["counts"], result["capacity"], ax=a1,
                     title=f"load per expert, imbalance max/mean {result['imbalance']:.2f}")
@@ -264,15 +271,15 @@ def moe_comm_bars(labels: list[str], dispatch_bytes: list[float], combine_bytes:
         raise ValueError("labels, dispatch_bytes and combine_bytes must have the same length > 0")
     d = [v / scale[unit] for v in dispatch_bytes]
     c = [v / scale[unit] for v in combine_bytes]
-    fig, ax = plt.subplots(figsize=(min(1.6 * len(labels) + 3, 9.5), 3.2))
+    fig, ax = plt.subplots(figsize=column_figsize(min(1.6 * len(labels) + 3, 9.5), 3.2))
     ax.bar(labels, d, color=COLORS["moe"], ec="black", lw=0.4, label="dispatch (out)")
     ax.bar(labels, c, bottom=d, color="#f3dc7a", ec="black", lw=0.4, hatch="..",
            label="combine (back)")
     for i, (a, b) in enumerate(zip(d, c)):
-        ax.text(i, a + b, f"{a + b:,.1f}", ha="center", va="bottom", fontsize=9)
+        ax.text(i, a + b, f"{a + b:,.1f}", ha="center", va="bottom", fontsize=MIN_FONT_PT)
     ax.set_ylim(0, 1.18 * max(a + b for a, b in zip(d, c)) or 1.0)
     ax.set_ylabel(unit)
-    ax.legend(fontsize=9)
+    ax.legend(fontsize=MIN_FONT_PT)
     ax.set_title(title or "all-to-all bytes")
     fig.tight_layout()
     return fig

@@ -16,6 +16,7 @@ matplotlib is imported when a figure is drawn.
 """
 from __future__ import annotations
 
+from .style import column_figsize, MIN_FONT_PT, text_on
 from tokenflow.analysis.trace import COLORS
 
 __all__ = ["step_layout", "packed_step_figure", "mark_preemptions", "packing_table",
@@ -52,38 +53,38 @@ def packed_step_figure(step, title: str = ""):
         raise ValueError("step must hold at least one chunk (prefill or decode)")
     colour = {"prefill": COLORS["hidden"], "decode": COLORS["token"]}
     B, S, T = len(chunks), max(n for _, n, _ in chunks), sum(n for _, n, _ in chunks)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 0.3 * B + 2.2),
+    fig, (left, right) = plt.subplots(1, 2, figsize=column_figsize(10, 0.3 * B + 2.2),
                                       gridspec_kw=dict(width_ratios=[S, T]))
     for row, (rid, n, kind) in enumerate(chunks):               # [B, S_max], left-padded
         left.broken_barh([(0, S - n)], (row - 0.4, 0.8), color=_PAD, lw=0)
         left.broken_barh([(S - n, n)], (row - 0.4, 0.8), color=colour[kind], lw=0)
     left.set_ylim(B - 0.5, -0.5)
-    left.set_yticks(range(B), [f"req {rid}" for rid, _, _ in chunks], fontsize=8)
+    left.set_yticks(range(B), [f"req {rid}" for rid, _, _ in chunks], fontsize=MIN_FONT_PT)
     left.set_xlim(0, S)
     left.set_xlabel("position in the row (S)")
     left.set_title(f"padded: input_ids [B={B}, S_max={S}]\n{B * S} positions for {T} tokens",
-                   fontsize=9)
+                   fontsize=MIN_FONT_PT)
     cu = [0]
     for rid, n, kind in chunks:                                  # [T], end to end
         right.broken_barh([(cu[-1], n)], (-0.4, 0.8), color=colour[kind], ec="white", lw=0.5)
         if n >= 0.06 * T:                                        # wide enough for its id
             right.text(cu[-1] + n / 2, 0, f"req {rid}", ha="center", va="center",
-                       color="white", fontsize=8)
+                       color=text_on(colour[kind]), fontsize=MIN_FONT_PT)
         cu.append(cu[-1] + n)
     right.set_ylim(-1.2, 0.6)
     right.set_yticks([])
     right.set_xlim(0, T)
     right.set_xticks(cu[:1] + cu[-2:] if len(cu) > 8 else cu)
-    right.tick_params(labelsize=8)
+    right.tick_params(labelsize=MIN_FONT_PT)
     right.set_xlabel("token index in the step (T); ticks: cu_seqlens_q")
     shown = ", ".join(map(str, cu)) if len(cu) <= 12 else \
         ", ".join(map(str, cu[:6])) + ", ..., " + str(cu[-1])
     right.set_title(f"packed: input_ids [T={T}]\n{T} positions, cu_seqlens_q = [{shown}]",
-                    fontsize=9)
+                    fontsize=MIN_FONT_PT)
     right.legend(handles=[Patch(color=colour["prefill"], label="prompt chunk"),
                           Patch(color=colour["decode"], label="decode row"),
                           Patch(color=_PAD, label="padding")],
-                 loc="lower center", ncol=3, fontsize=8, frameon=False)
+                 loc="lower center", ncol=3, fontsize=MIN_FONT_PT, frameon=False)
     fig.suptitle(title or f"engine step {step.index}", fontsize=10)
     fig.tight_layout()
     return fig
@@ -109,7 +110,7 @@ def mark_preemptions(fig, timelines, steps) -> int:
         handles, labels = ax.get_legend_handles_labels()
         legend = ax.get_legend()
         old = legend.legend_handles if legend is not None else []
-        ax.legend(handles=list(old) + handles[-1:], fontsize=9, loc="upper right", ncol=4)
+        ax.legend(handles=list(old) + handles[-1:], fontsize=MIN_FONT_PT, loc="upper right", ncol=4)
     return len(marks)
 
 

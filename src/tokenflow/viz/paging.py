@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from .style import column_figsize, MIN_FONT_PT
 from tokenflow.analysis.trace import COLORS
 
 __all__ = ["block_table_rows", "block_table_figure", "kv_slot_usage", "kv_slot_figure",
@@ -65,35 +66,36 @@ def block_table_figure(block_manager, requests, title: str = ""):
     ref = {r["physical"]: r["ref_count"] for r in rows}
     n_log = max(r["logical"] for r in rows) + 1
     width = max(n_log, len(physical))
-    fig, ax = plt.subplots(figsize=(9.5, 1.1 * len(ids) + 2.4))
+    fig, ax = plt.subplots(figsize=column_figsize(9.5, 1.1 * len(ids) + 2.4))
     shared_c, own_c = COLORS["moe"], COLORS["hidden"]
     y_phys = -1.6
     for k, b in enumerate(physical):
         c = shared_c if ref[b] > 1 else own_c
         ax.add_patch(Rectangle((k, y_phys), 0.8, 0.7, color=c, zorder=2))
-        ax.text(k + 0.4, y_phys + 0.35, f"#{b}", ha="center", va="center", fontsize=9,
+        ax.text(k + 0.4, y_phys + 0.35, f"#{b}", ha="center", va="center", fontsize=MIN_FONT_PT,
                 color="black", zorder=3)
         ax.text(k + 0.4, y_phys - 0.25, f"ref {ref[b]}", ha="center", va="center",
-                fontsize=8)
+                fontsize=MIN_FONT_PT)
     for i, rid in enumerate(ids):
         y = len(ids) - 1 - i
-        ax.text(-0.2, y + 0.35, f"request {rid}", ha="right", va="center", fontsize=9)
+        ax.text(-0.2, y + 0.35, f"request {rid}", ha="right", va="center", fontsize=MIN_FONT_PT)
         for r in (r for r in rows if r["request_id"] == rid):
             x = r["logical"]
             c = shared_c if r["shared"] else own_c
             ax.add_patch(Rectangle((x, y), 0.8, 0.7, facecolor="white", edgecolor=c, lw=2,
                                    zorder=2))
             ax.text(x + 0.4, y + 0.35, f"L{x}: {r['tokens']}/{bs}", ha="center",
-                    va="center", fontsize=8, zorder=3)
+                    va="center", fontsize=MIN_FONT_PT, zorder=3)
             k = physical.index(r["physical"])
             ax.plot([x + 0.4, k + 0.4], [y, y_phys + 0.7], color=c, lw=0.8, zorder=1)
-    ax.text(-0.2, y_phys + 0.35, "physical\nblocks", ha="right", va="center", fontsize=9)
+    ax.text(-0.2, y_phys + 0.35, "physical\nblocks", ha="right", va="center", fontsize=MIN_FONT_PT)
     ax.set_xlim(-1.6, width + 0.2)
     ax.set_ylim(y_phys - 0.6, len(ids) + 0.1)
     ax.axis("off")
     ax.legend(handles=[Patch(color=shared_c, label="shared prefix block (ref > 1)"),
                        Patch(color=own_c, label="a request's own block")],
-              fontsize=9, loc="upper right", bbox_to_anchor=(1.0, 1.12), ncol=2, frameon=False)
+              fontsize=MIN_FONT_PT, loc="upper right", bbox_to_anchor=(1.0, 1.12), ncol=2,
+              frameon=False)
     ax.set_title(title or "block tables: logical blocks -> physical blocks", fontsize=10,
                  loc="left")
     fig.tight_layout()
@@ -164,7 +166,7 @@ def kv_slot_figure(usage: dict, title: str = ""):
     aside (grey), the slots in the handed-out blocks (blue) and the slots holding a K/V
     (green), with the run's totals in the legend."""
     x = usage["step"]
-    fig, ax = plt.subplots(figsize=(9.5, 3.4))
+    fig, ax = plt.subplots(figsize=column_figsize(9.5, 3.4))
     tot = {k: usage[f"{k}_total"] for k in ("used", "paged", "contiguous")}
     ax.fill_between(x, usage["contiguous"], step="post", color=_WAIT,
                     label=f"contiguous reservation ({tot['used'] / tot['contiguous']:.0%} used)")
@@ -175,7 +177,7 @@ def kv_slot_figure(usage: dict, title: str = ""):
     ax.set_xlabel("engine step")
     ax.set_ylabel("KV slots")
     ax.set_xlim(x[0], x[-1] + 1)
-    ax.legend(fontsize=9, loc="upper right")
+    ax.legend(fontsize=MIN_FONT_PT, loc="upper right")
     ax.set_title(title or "KV slots per step: reserved, allocated, used", fontsize=10)
     fig.tight_layout()
     return fig

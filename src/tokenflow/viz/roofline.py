@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
+from .style import column_figsize, MIN_FONT_PT, text_on
 from tokenflow.analysis.trace import COLORS
 
 __all__ = ["lens_bars", "roofline_summary", "roofline_bars", "roofline_panel",
@@ -24,7 +25,8 @@ def lens_bars(pipeline: dict, blocks: dict, title: str = ""):
     """Two stacked horizontal bars of the same run: the pipeline lens (``pipeline``: stage ->
     seconds, as :meth:`tokenflow.analysis.lenses.LensProfile.pipeline`) above the block lens
     (``blocks``: module class -> seconds). Segments in milliseconds, labelled when wide
-    enough; blue = hidden-state flow, yellow = MoE, green = token and decode loop.
+    enough, the narrower ones numbered above the bar and listed in a legend below the axis;
+    blue = hidden-state flow, yellow = MoE, green = token and decode loop.
 
     Raises:
         ValueError: an empty lens or a negative value.
@@ -32,21 +34,33 @@ def lens_bars(pipeline: dict, blocks: dict, title: str = ""):
     for name, lens in (("pipeline", pipeline), ("blocks", blocks)):
         if not lens or min(lens.values()) < 0:
             raise ValueError(f"{name} must map at least one part to seconds >= 0")
-    fig, ax = plt.subplots(figsize=(9.5, 2.8))
+    from matplotlib.patches import Patch
+    fig, ax = plt.subplots(figsize=column_figsize(9.5, 3.3))
     total = max(sum(pipeline.values()), sum(blocks.values())) * 1e3
+    keyed = []                                  # segments too narrow for their label: numbered
     for y, lens in ((1, pipeline), (0, blocks)):
         left = 0.0
         for part, s in lens.items():
             ms = s * 1e3
-            ax.barh(y, ms, left=left, color=_LENS_COLOURS.get(part, "#cccccc"),
-                    edgecolor="white", height=0.6)
-            if ms > 0.06 * total:
+            colour = _LENS_COLOURS.get(part, "#cccccc")
+            ax.barh(y, ms, left=left, color=colour, edgecolor="white", height=0.6)
+            if ms > 0.12 * total:
                 ax.text(left + ms / 2, y, f"{part}\n{ms:.0f} ms", ha="center", va="center",
-                        fontsize=8)
+                        fontsize=MIN_FONT_PT, color=text_on(colour))
+            elif ms > 0:
+                keyed.append((part, ms, colour))
+                ax.text(left + ms / 2, y + 0.32, str(len(keyed)), ha="center", va="bottom",
+                        fontsize=MIN_FONT_PT)
             left += ms
+    if keyed:
+        ax.legend([Patch(color=c) for _, _, c in keyed],
+                  [f"{i}: {part} {ms:.0f} ms" for i, (part, ms, _) in enumerate(keyed, 1)],
+                  fontsize=MIN_FONT_PT, loc="upper center", bbox_to_anchor=(0.5, -0.32),
+                  ncol=2, frameon=False)
     ax.set_yticks([1, 0], ["pipeline lens", "block lens"])
     ax.set_xlabel("milliseconds of engine step time (the same steps in both bars)")
     ax.set_xlim(0, total * 1.01)
+    ax.set_ylim(-0.45, 1.65)
     ax.set_title(title or "one engine run, two lenses")
     fig.tight_layout()
     return fig
@@ -98,7 +112,7 @@ def roofline_bars(summary: dict):
     """The three times of a :func:`roofline_summary` as horizontal bars, with the roofline
     step time (the largest) dashed."""
     r, hw = summary, summary["hw"]
-    fig, ax = plt.subplots(figsize=(7.5, 2.2))
+    fig, ax = plt.subplots(figsize=column_figsize(7.5, 2.2))
     names = ["compute", "memory", "communication"]
     vals = [r[k] * 1e3 for k in ("compute_s", "memory_s", "comm_s")]
     ax.barh(names, vals, color=[COLORS["hidden"], "#8fb8ee", COLORS["moe"]])

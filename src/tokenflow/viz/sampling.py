@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
+from .style import column_figsize, MIN_FONT_PT
 from tokenflow.analysis.trace import COLORS
 
 __all__ = ["vocab_scores", "temperature_curves", "sampling_bars", "frequency_bars",
@@ -39,7 +40,7 @@ def vocab_scores(logits, labels: dict[int, str], chosen: int | None = None,
     order = order.tolist()
     V = len(order)
     colors = [COLORS["token"] if i == chosen else COLORS["hidden"] for i in order]
-    fig, ax = plt.subplots(figsize=(9, 3.2))
+    fig, ax = plt.subplots(figsize=column_figsize(9, 3.2))
     ax.vlines(range(V), 0, vals.tolist(), colors=colors, lw=max(0.5, 400 / V))   # one bar each
     rank = {tid: r for r, tid in enumerate(order)}
     hi, lo = float(vals[0]), float(vals[-1])
@@ -47,7 +48,8 @@ def vocab_scores(logits, labels: dict[int, str], chosen: int | None = None,
         r = rank[tid]                                   # labels in a column, top right of the peak
         ax.annotate(f"#{r + 1} {text}  {float(vals[r]):.2f}", xy=(r, float(vals[r])),
                     xytext=(V * 0.08, hi - (n + 0.1) * (hi - lo) * 0.13),
-                    fontsize=9, va="center", arrowprops=dict(arrowstyle="-", lw=0.6, color="0.4"),
+                    fontsize=MIN_FONT_PT, va="center", arrowprops=dict(arrowstyle="-", lw=0.6,
+                                                                       color="0.4"),
                     color=COLORS["token"] if tid == chosen else "black")
     ax.axhline(0, color="0.5", lw=0.6)
     ax.set_xlim(-1, V)
@@ -82,20 +84,20 @@ def temperature_curves(logits, token_ids: list[int], names: list[str],
         raise ValueError("temperatures must be > 0")
     probs = torch.stack([(logits.detach().float() / t).softmax(-1)[token_ids]
                          for t in temperatures])                         # [n_T, n_tokens]
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    fig, ax = plt.subplots(figsize=column_figsize(7, 3.2))
     for j, name in enumerate(names):
         color = COLORS["token"] if j == 0 else COLORS["hidden"]
         ax.plot(temperatures, probs[:, j].tolist(), color=color, lw=2 if j == 0 else 1.2,
                 alpha=1.0 if j == 0 else max(0.35, 1 - 0.2 * j), label=name)
     ax.axvline(1.0, color="0.5", lw=0.8, ls="--")
-    ax.text(1.02, 0.97, "T = 1 (the model's own\nprobabilities)", fontsize=9, va="top",
+    ax.text(1.02, 0.97, "T = 1 (the model's own\nprobabilities)", fontsize=MIN_FONT_PT, va="top",
             transform=ax.get_xaxis_transform())
     ax.set_xlabel("temperature T (logits / T before softmax)")
     if log:
         ax.set_yscale("log")
         ax.set_ylim(1e-6, 2)
     ax.set_ylabel("probability" + (" (log scale)" if log else ""))
-    ax.legend(fontsize=9, ncol=2)
+    ax.legend(fontsize=MIN_FONT_PT, ncol=2)
     fig.tight_layout()
     return fig
 
@@ -123,7 +125,7 @@ def sampling_bars(tokens: list[str], probs_before, probs_after, kept, chosen: in
     colors = [COLORS["token"] if i == chosen else (COLORS["hidden"] if kept[i] else _REMOVED)
               for i in range(n)]
     from matplotlib.patches import Patch
-    fig, ax = plt.subplots(figsize=(8, 3.2))
+    fig, ax = plt.subplots(figsize=column_figsize(8, 3.2))
     heights = [pa[i] if kept[i] else pb[i] for i in range(n)]   # a removed token: grey, as it was
     ax.bar(range(n), heights, color=colors, width=0.7)
     ax.bar(range(n), pb, fill=False, edgecolor="0.25", width=0.7, lw=1.0, ls="--")
@@ -134,7 +136,7 @@ def sampling_bars(tokens: list[str], probs_before, probs_after, kept, chosen: in
     ax.set_xticks(range(n), tokens)
     ax.set_ylabel("probability")
     ax.set_ylim(0, max(max(pa), max(pb)) * 1.15 + 1e-9)
-    ax.legend(handles=handles, fontsize=9, loc="upper right")
+    ax.legend(handles=handles, fontsize=MIN_FONT_PT, loc="upper right")
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
@@ -151,7 +153,7 @@ def frequency_bars(tokens: list[str], probs, freqs, title: str = ""):
     if not len(tokens) == len(probs) == len(freqs):
         raise ValueError("tokens, probs and freqs must have the same length")
     n = len(tokens)
-    fig, ax = plt.subplots(figsize=(8, 3.2))
+    fig, ax = plt.subplots(figsize=column_figsize(8, 3.2))
     x = list(range(n))
     ax.bar([i - 0.2 for i in x], probs, width=0.4, color=COLORS["hidden"],
            label="probability after filters")
@@ -159,7 +161,7 @@ def frequency_bars(tokens: list[str], probs, freqs, title: str = ""):
            label="observed frequency")
     ax.set_xticks(x, tokens)
     ax.set_ylabel("share of draws")
-    ax.legend(fontsize=9)
+    ax.legend(fontsize=MIN_FONT_PT)
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from .style import column_figsize, MIN_FONT_PT
 from tokenflow.analysis.trace import COLORS
 
 __all__ = ["phase_times_plot", "decode_batch_plot", "arithmetic_intensity_plot",
@@ -36,7 +37,7 @@ def _ms_panel(ax, xs, series, xlabel: str, title: str) -> None:
     ax.set_ylabel("ms")
     ax.set_ylim(bottom=0)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=9)
+    ax.legend(fontsize=MIN_FONT_PT)
 
 
 def phase_times_plot(lengths, prefill_s, contexts, cached_s, recompute_s, title: str = ""):
@@ -49,7 +50,7 @@ def phase_times_plot(lengths, prefill_s, contexts, cached_s, recompute_s, title:
     """
     _same_len(lengths=lengths, prefill_s=prefill_s)
     _same_len(contexts=contexts, cached_s=cached_s, recompute_s=recompute_s)
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.4))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=column_figsize(9.5, 3.4))
     _ms_panel(a1, lengths, [(prefill_s, "o-", COLORS["hidden"], "prefill [1, S]")],
               "prompt length S (tokens)", "prefill: one pass over the prompt")
     _ms_panel(a2, contexts, [(recompute_s, "s--", "#777777", "no cache: recompute [1, n+1]"),
@@ -69,7 +70,7 @@ def decode_batch_plot(batch_sizes, step_s, title: str = ""):
         ValueError: on empty lists or lists of different lengths.
     """
     _same_len(batch_sizes=batch_sizes, step_s=step_s)
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.4))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=column_figsize(9.5, 3.4))
     a1.plot(batch_sizes, [t * 1e3 for t in step_s], "o-", color=COLORS["hidden"])
     a1.set_ylim(bottom=0)
     a1.set_ylabel("ms per decode step")
@@ -103,18 +104,19 @@ def arithmetic_intensity_plot(prefill_tokens, prefill_ai, decode_batch, decode_a
     _same_len(decode_batch=decode_batch, decode_ai=decode_ai)
     if ridge <= 0:
         raise ValueError(f"ridge must be > 0, got {ridge}")
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    fig, ax = plt.subplots(figsize=column_figsize(7.5, 3.6))
     ax.plot(prefill_tokens, prefill_ai, "o-", color=COLORS["hidden"],
             label="prefill: S tokens of one prompt")
     ax.plot(decode_batch, decode_ai, "s-", color=COLORS["token"],
             label="decode: 1 token of each of B sequences")
     ax.axhline(ridge, color="black", ls="--", lw=1)
-    ax.text(min(min(prefill_tokens), min(decode_batch)), ridge * 1.15, ridge_label, fontsize=9)
+    ax.text(min(min(prefill_tokens), min(decode_batch)), ridge * 1.15, ridge_label,
+            fontsize=MIN_FONT_PT)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("tokens per forward pass (S for prefill, B for decode)")
     ax.set_ylabel("FLOPs per byte")
-    ax.legend(fontsize=9, loc="lower right")
+    ax.legend(fontsize=MIN_FONT_PT, loc="lower right")
     ax.set_title(title or "arithmetic intensity of the two phases", fontsize=10)
     fig.tight_layout()
     return fig
@@ -132,7 +134,7 @@ def serving_timeline(timelines, title: str = "", max_steps: int | None = None):
     if not timelines:
         raise ValueError("timelines must be a non-empty list of RequestTimeline")
     n = len(timelines)
-    fig, ax = plt.subplots(figsize=(9.5, 0.22 * n + 1.6))
+    fig, ax = plt.subplots(figsize=column_figsize(9.5, 0.22 * n + 1.6))
     _draw_timeline(ax, timelines, max_steps)
     ax.set_title(title or "requests over engine steps", fontsize=10)
     fig.tight_layout()
@@ -154,10 +156,10 @@ def _draw_timeline(ax, timelines, max_steps: int | None = None) -> None:
         last = max([last] + [i + 1 for i in r.states])
     ax.set_xlim(0, max_steps or last)
     ax.set_ylim(n - 0.5, -0.5)
-    ax.set_yticks(range(n), [str(r.request_id) for r in timelines], fontsize=9)
+    ax.set_yticks(range(n), [str(r.request_id) for r in timelines], fontsize=MIN_FONT_PT)
     ax.set_ylabel("request")
     ax.set_xlabel("engine step")
-    ax.legend(handles=[Patch(color=c, label=s) for s, c in colour.items()], fontsize=9,
+    ax.legend(handles=[Patch(color=c, label=s) for s, c in colour.items()], fontsize=MIN_FONT_PT,
               loc="upper right", ncol=3)
 
 
@@ -175,12 +177,12 @@ def batch_composition_plot(steps, title: str = ""):
     n_pre = [len(s.prefill) for s in steps]
     n_dec = [len(s.decode) for s in steps]
     t_pre = [sum(n for _, n in s.prefill) for s in steps]
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9.5, 4.4), sharex=True)
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=column_figsize(9.5, 4.4), sharex=True)
     for ax, pre, dec, what in ((a1, n_pre, n_dec, "requests"), (a2, t_pre, n_dec, "tokens")):
         ax.bar(x, pre, width=1.0, color=COLORS["hidden"], label=f"prefill {what}")
         ax.bar(x, dec, width=1.0, bottom=pre, color=COLORS["token"], label=f"decode {what}")
         ax.set_ylabel(f"{what} in step")
-        ax.legend(fontsize=9, loc="upper right")
+        ax.legend(fontsize=MIN_FONT_PT, loc="upper right")
     a2.set_xlabel("engine step")
     a1.set_title(title or "batch composition per step", fontsize=10)
     fig.tight_layout()
@@ -200,15 +202,15 @@ def batching_comparison_plot(results: dict, title: str = ""):
     panels = [("throughput_tok_s", "tokens / s", 1), ("mean_ttft_s", "mean TTFT (ms)", 1e3),
               ("mean_e2e_s", "mean end-to-end (ms)", 1e3)]
     colours = [COLORS["token"], "#777777", COLORS["hidden"], COLORS["moe"]]
-    fig, axes = plt.subplots(1, 3, figsize=(9.5, 3.0))
+    fig, axes = plt.subplots(1, 3, figsize=column_figsize(9.5, 3.0))
     for ax, (key, label, scale) in zip(axes, panels):
         vals = [results[n][key] * scale for n in names]
         ax.bar(names, vals, color=colours[:len(names)])
         for i, v in enumerate(vals):
-            ax.text(i, v, f"{v:,.0f}", ha="center", va="bottom", fontsize=9)
+            ax.text(i, v, f"{v:,.0f}", ha="center", va="bottom", fontsize=MIN_FONT_PT)
         ax.set_ylim(0, 1.2 * max(vals))
         ax.set_title(label, fontsize=10)
-        ax.tick_params(axis="x", labelsize=9)
+        ax.tick_params(axis="x", labelsize=MIN_FONT_PT)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -310,7 +312,7 @@ def serving_view(counts: dict):
     tokens fill (green) and those its last block leaves unused (grey), with the totals."""
     c = counts
     n = c["batch_size"]
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9.5, 0.12 * n + 3.6),
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=column_figsize(9.5, 0.12 * n + 3.6),
                                  gridspec_kw={"height_ratios": [0.4 + 0.06 * n, 1]})
     _draw_timeline(a1, c["timelines"])
     a1.set_title(f"{_lengths_text(c)}: {c['steps']} steps on {c['max_num_seqs']} seats",
@@ -319,11 +321,11 @@ def serving_view(counts: dict):
     a2.bar(x, c["tokens"], color=COLORS["token"], label="slots holding a token")
     a2.bar(x, [s - t for s, t in zip(c["slots"], c["tokens"])], bottom=c["tokens"],
            color=_WAIT, label="unused slots of the last block")
-    a2.set_xticks(list(x), [str(t.request_id) for t in c["timelines"]], fontsize=9)
+    a2.set_xticks(list(x), [str(t.request_id) for t in c["timelines"]], fontsize=MIN_FONT_PT)
     a2.set_xlabel("request")
     a2.set_ylabel("KV slots")
     a2.set_ylim(0, 1.35 * max(c["slots"]))
-    a2.legend(fontsize=9, loc="upper right", ncol=2)
+    a2.legend(fontsize=MIN_FONT_PT, loc="upper right", ncol=2)
     a2.set_title(f"block size {c['block_size']}: {sum(c['blocks'])} blocks, "
                  f"{c['unused_slots']} of {sum(c['slots'])} slots unused", fontsize=10)
     fig.tight_layout()
@@ -569,7 +571,7 @@ def chunked_prefill_time_plot(runs: dict, long_id, decode_id=0, title: str = "")
     from matplotlib.patches import Patch
     if not runs:
         raise ValueError("runs must map at least one budget to an engine")
-    fig, ax = plt.subplots(figsize=(9.5, 0.9 * len(runs) + 1.5))
+    fig, ax = plt.subplots(figsize=column_figsize(9.5, 0.9 * len(runs) + 1.5))
     labels = []
     for row, (budget, eng) in enumerate(runs.items()):
         if not eng.steps:
@@ -590,7 +592,7 @@ def chunked_prefill_time_plot(runs: dict, long_id, decode_id=0, title: str = "")
             ax.plot([first] * 2, [row - 0.32, row + 0.32], color="black", lw=2.5)
         worst = max((s.seconds for s in eng.steps if s.decode), default=0.0) * 1e3
         labels.append(f"budget {budget:,}\nlongest decode step {worst:.0f} ms")
-    ax.set_yticks(range(len(runs)), labels, fontsize=9)
+    ax.set_yticks(range(len(runs)), labels, fontsize=MIN_FONT_PT)
     ax.set_ylim(len(runs) + 0.2, -0.7)              # room for the legend below the lanes
     ax.set_xlabel("time since the first step (ms, this CPU)")
     ax.legend(handles=[Patch(color=COLORS["hidden"], label=f"step with a chunk of request "
@@ -598,7 +600,7 @@ def chunked_prefill_time_plot(runs: dict, long_id, decode_id=0, title: str = "")
                        Patch(color=COLORS["token"], label="decode-only step"),
                        plt.Line2D([], [], color="black", marker="|", ls="", ms=7,
                                   label=f"a token of request {decode_id}")],
-              fontsize=9, loc="lower right", ncol=3)
+              fontsize=MIN_FONT_PT, loc="lower right", ncol=3)
     ax.set_title(title or "engine steps on a time axis: the decode stall", fontsize=10)
     fig.tight_layout()
     return fig

@@ -15,7 +15,8 @@ import matplotlib
 
 from .fonts import use_book_font
 
-__all__ = ["setup_notebook", "use_book_font"]
+__all__ = ["setup_notebook", "use_book_font", "COLUMN_WIDTH_IN", "MIN_FONT_PT", "column_figsize",
+           "contrast", "text_on", "series_style"]
 
 use_book_font()
 
@@ -50,3 +51,54 @@ def _inline_retina() -> None:
         return
     if get_ipython() is not None:
         set_matplotlib_formats("retina")
+
+
+# --- figure text: size and contrast -------------------------------------------------------------
+COLUMN_WIDTH_IN = 6.5
+"""The book column's width in inches at ``figure.dpi`` 120: about 784 px at a 1280 px window
+(_static/tokenflow.css), so a figure at most this wide is shown at its natural size and its
+10 pt text at ~17 px, the body size."""
+MIN_FONT_PT = 10.0
+"""The smallest font size a figure's text is given (body size at :data:`COLUMN_WIDTH_IN`)."""
+
+
+def column_figsize(width: float, height: float) -> tuple[float, float]:
+    """``(width, height)`` in inches fitted to the book column: the width capped at
+    :data:`COLUMN_WIDTH_IN`, the height kept (text keeps its size; the axes get narrower)."""
+    return (min(float(width), COLUMN_WIDTH_IN), float(height))
+
+
+def _luminance(color) -> float:
+    """WCAG 2 relative luminance of a matplotlib colour (on white when it has an alpha)."""
+    from matplotlib.colors import to_rgba
+    r, g, b, a = to_rgba(color)
+
+    def lin(c):
+        c = a * c + (1 - a)
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+    return 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b)
+
+
+def contrast(fg, bg) -> float:
+    """WCAG 2 contrast ratio of two colours (1 to 21; AA asks 4.5 for body text)."""
+    hi, lo = sorted((_luminance(fg), _luminance(bg)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def text_on(fill, alpha: float = 1.0) -> str:
+    """``"black"`` or ``"white"``, whichever contrasts more with ``fill`` (drawn with ``alpha``
+    on white): the colour for text on a box of the book's colours."""
+    from matplotlib.colors import to_rgba
+    r, g, b, _ = to_rgba(fill)
+    bg = (r, g, b, alpha)
+    return "black" if contrast("black", bg) >= contrast("white", bg) else "white"
+
+
+def series_style(i: int) -> dict:
+    """Line style of the ``i``-th series of a line chart in the book's colours
+    (``tokenflow.COLORS``: blue, green, yellow, then a dark grey), each series with its own
+    marker, so lines of the same colour stay apart: ``{"color", "marker"}`` for ``ax.plot``."""
+    from tokenflow.analysis.trace import COLORS
+    colours = (COLORS["hidden"], COLORS["token"], COLORS["moe"], "#555555")
+    markers = ("o", "s", "^", "D", "v", "P", "X", "*")
+    return {"color": colours[i % len(colours)], "marker": markers[i % len(markers)]}
