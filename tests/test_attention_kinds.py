@@ -136,11 +136,17 @@ def test_sparse_decode_reads_by_hand():
     r = sparse_decode_reads(v3, 131072, index_topk=2048, index_head_dim=128)
     entry = 61 * (512 + 64) * 2
     assert r["dense"] == 131072 * entry
-    assert r["selected"] == 2048 * entry
+    # FlashMLA's sparse kernel reads an FP8 entry: 512 FP8 + 4 FP32 scales + 64 BF16 = 656 B
+    assert r["selected"] == 2048 * 61 * (512 + 16 + 128)
+    assert sparse_decode_reads(v3, 131072, 2048, 128, sparse_entry_bytes=None)["selected"] \
+        == 2048 * entry
     assert r["indexer"] == 61 * 131072 * 128
     assert r["sparse"] == r["indexer"] + r["selected"]
-    short = sparse_decode_reads(v3, 100, index_topk=2048, index_head_dim=128)
+    short = sparse_decode_reads(v3, 100, index_topk=2048, index_head_dim=128,
+                                sparse_entry_bytes=None)
     assert short["selected"] == short["dense"]                 # fewer tokens than top-k
+    with pytest.raises(ValueError, match="sparse_entry_bytes"):
+        sparse_decode_reads(v3, 100, 2048, 128, sparse_entry_bytes=0)
 
 
 def test_new_reference_configs_match_published_totals():

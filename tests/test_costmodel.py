@@ -70,7 +70,8 @@ def test_forward_flops_match_torch_flop_counter(overrides, B, cached, new):
         with counter:
             model(torch.randint(3, cfg.vocab_size, (B, new)), kv_cache=cache,
                   trace=Trace(keep_tensors=True))
-    assert counter.get_total_flops() == forward_flops(cfg, B, new, cached)["total"]
+    assert counter.get_total_flops() == forward_flops(cfg, B, new, cached,
+                                                       causal=False)["total"]
 
 
 @pytest.mark.parametrize("B,cached,new", [(1, 0, 4), (4, 7, 1)])
@@ -128,12 +129,14 @@ def test_forward_flops_and_bytes_reject_bad_counts(kwargs):
 
 # ------------------------------------------------------------------ F9: real configs
 import math  # noqa: E402
+from math import comb  # noqa: E402
 
 import transformers  # noqa: E402
 
 from tokenflow import ModelConfig  # noqa: E402
 from tokenflow.analysis.costmodel import (active_param_breakdown, kv_cache_bytes,  # noqa: E402
-                                 kv_cache_bytes_per_token, max_batch_size,
+                                 expected_nodes_per_token, kv_cache_bytes_per_token,
+                                 max_batch_size,
                                  moe_comm_bytes_per_token, param_breakdown, reference_config,
                                  reference_models, weight_bytes_per_device)
 from tokenflow.model.config import PRESETS  # noqa: E402
@@ -291,14 +294,66 @@ def test_weights_per_device_and_max_batch_by_hand():
 
 
 def test_node_limited_all_to_all_by_hand():
+    """Node-limited routing (V3 report 2.1.2), EP64 = 8 nodes of 32 experts: a token's K = 8
+    experts are drawn from the 128 on its 4 chosen nodes, so a chosen node is missed with
+    probability C(96, 8) / C(128, 8): 4 is the most, not the expected number."""
     v3 = reference_config("DeepSeek-V3")
     m = moe_comm_bytes_per_token(v3, ep_size=64, gpus_per_node=8, max_nodes_per_token=4)
-    # 8 nodes, K = 8: 8 * (1 - (7/8)**8) = 5.25 expected nodes, capped at 4; 7/8 remote
-    assert m["nodes_per_token"] == 4
-    assert math.isclose(m["scale_out"], 4 * 7 / 8 * 7168 * (2 + 2))
+    n = 4 * (1 - comb(96, 8) / comb(128, 8))
+    assert m["nodes_per_token"] == pytest.approx(n, rel=1e-12) and 3.6 < n < 3.7
+    assert m["scale_out"] == pytest.approx(n * 7 / 8 * 7168 * (2 + 2), rel=1e-12)
     one_node = moe_comm_bytes_per_token(v3, ep_size=8, gpus_per_node=8)
     assert one_node["scale_out"] == 0 and math.isclose(one_node["scale_up"],
                                                        8 * 7 / 8 * 7168 * 4)
+
+
+def test_group_limited_routing_reaches_more_than_four_nodes_at_ep128():
+    """DeepSeek-V3's config limits a token to topk_group = 4 of n_group = 8 groups of 32
+    experts. At EP128 a node holds 16 experts, so a group spans 2 nodes: the 4 groups lie on
+    8 nodes of 16 experts each, and a token reaches 8 * (1 - C(112, 8) / C(128, 8)) = 5.34
+    of them on average (up to 8)."""
+    v3 = reference_config("DeepSeek-V3")
+    n = expected_nodes_per_token(v3, 128, 8)
+    assert n == pytest.approx(8 * (1 - comb(112, 8) / comb(128, 8)), rel=1e-12)
+    assert 5.3 < n < 5.4
+    # EP32: 4 nodes of 64 experts, 2 groups per node. Of the C(8, 4) = 70 choices of groups,
+    # 6 fill 2 nodes (64 + 64 experts), 48 fill 3 (64 + 32 + 32), 16 fill 4 (32 each)
+    miss64, miss32 = comb(64, 8) / comb(128, 8), comb(96, 8) / comb(128, 8)
+    want = (6 * 2 * (1 - miss64) + 48 * ((1 - miss64) + 2 * (1 - miss32))
+            + 16 * 4 * (1 - miss32)) / 70
+    assert expected_nodes_per_token(v3, 32, 8) == pytest.approx(want, rel=1e-12)
+    # without a limit: K distinct experts of 256 over 4 nodes of 64
+    free = v3.replace(n_group=1, topk_group=1)
+    assert expected_nodes_per_token(free, 32, 8) == pytest.approx(
+        4 * (1 - comb(192, 8) / comb(256, 8)), rel=1e-12)
+    with pytest.raises(ValueError, match="max_nodes_per_token"):
+        expected_nodes_per_token(v3, 32, 8, max_nodes_per_token=0)
+
+
+@pytest.mark.parametrize("ep", [128, 144])
+def test_decode_all_to_all_is_direct_over_infiniband(ep):
+    """V3 report 3.4.2 and DeepEP's low-latency kernels: in decode every (token, expert) pair
+    off the token's GPU goes point to point over IB. EP128, FP8 dispatch, BF16 combine:
+    8 * 127/128 * 7168 * (1 + 2) = 170,688 B per token per MoE layer, nothing over NVLink
+    (EP144: 143/144)."""
+    v3 = reference_config("DeepSeek-V3")
+    m = moe_comm_bytes_per_token(v3, ep, 1, 2, gpus_per_node=8, path="direct")
+    want = 8 * (ep - 1) / ep * 7168 * 3
+    assert m["scale_out"] == pytest.approx(want, rel=1e-12) and m["scale_up"] == 0
+    assert m["scale_out_dispatch"] == pytest.approx(8 * (ep - 1) / ep * 7168, rel=1e-12)
+    assert m["total"] == pytest.approx(want, rel=1e-12)
+    if ep == 128:
+        assert round(want / 1e3, 1) == 170.7
+    # the hierarchical path (prefill) sends fewer IB bytes and forwards over NVLink
+    h = moe_comm_bytes_per_token(v3, ep, 1, 2, gpus_per_node=8)
+    assert h["scale_out"] < m["scale_out"] and h["scale_up"] == pytest.approx(
+        8 * 7 / 8 * 7168 * 3, rel=1e-12)
+    # on one node both paths are NVLink only
+    one = moe_comm_bytes_per_token(v3, 8, 1, 2, gpus_per_node=8, path="direct")
+    assert one["scale_out"] == 0 and one["total"] == pytest.approx(
+        moe_comm_bytes_per_token(v3, 8, 1, 2)["total"])
+    with pytest.raises(ValueError, match="path"):
+        moe_comm_bytes_per_token(v3, ep, gpus_per_node=8, path="ring")
 
 
 # ---- found by planting bugs (R1 review): each test names a neighbour the suite missed
@@ -360,17 +415,16 @@ def test_activated_parameters_quoted_precisely():
 
 
 def test_node_arguments_are_honoured_and_the_a2a_table_reconciles():
-    """Item 10: with gpus_per_node, ``total`` is what crosses the two links (the old code
-    returned the flat 166.7 kB at EP32 whatever the node arguments); the table's rows are
-    the function's numbers; on one node the hierarchical and the flat counts agree."""
+    """With gpus_per_node, ``total`` is what crosses the two links; the table's rows are the
+    function's numbers; on one node the hierarchical and the flat counts agree."""
     from tokenflow.analysis.costmodel import A2A_TABLE_COLUMNS, moe_a2a_table
     v3 = reference_config("DeepSeek-V3")
     K, H = v3.num_experts_per_tok, v3.hidden_size
     m = moe_comm_bytes_per_token(v3, 32, 1, 2, gpus_per_node=8, max_nodes_per_token=4)
     assert math.isclose(m["total"], m["scale_out"] + m["scale_up"])
     assert math.isclose(m["scale_out_dispatch"] * 2, m["scale_out_combine"])   # fp8 vs bf16
-    n = 4 * (1 - (3 / 4) ** K)                               # 4 nodes, K = 8
-    assert math.isclose(m["scale_out"], n * 3 / 4 * H * 3)
+    n = 4 * (1 - comb(192, 8) / comb(256, 8))        # 4 nodes of 64, all 4 allowed, K = 8
+    assert m["scale_out"] == pytest.approx(n * 3 / 4 * H * 3, rel=1e-12)
     assert math.isclose(m["scale_up"], K * 7 / 8 * H * 3)
     assert m["total"] != pytest.approx(moe_comm_bytes_per_token(v3, 32, 1, 2)["total"])
     one = moe_comm_bytes_per_token(v3, 8, 1, 2, gpus_per_node=8)
@@ -381,11 +435,12 @@ def test_node_arguments_are_honoured_and_the_a2a_table_reconciles():
     assert got[("flat, all remote, bf16", "any")] == pytest.approx(2 * K * H * 2 / 1e3)
     assert got[("flat, all remote, fp8 dispatch, bf16 combine", "any")] == \
         pytest.approx(K * H * 3 / 1e3)
-    lim = moe_comm_bytes_per_token(v3, 144, 1, 2, 8, 4)
-    assert got[("EP144, 8 GPUs/node, at most 4 nodes", "InfiniBand")] == \
-        pytest.approx(lim["scale_out"] / 1e3)
-    assert got[("EP144, 8 GPUs/node, at most 4 nodes", "both")] == pytest.approx(
-        lim["total"] / 1e3)
+    lim = moe_comm_bytes_per_token(v3, 144, 1, 2, 8)
+    grouped = "EP144, 8 GPUs/node, hierarchical, 4 of 8 groups"
+    assert got[(grouped, "InfiniBand")] == pytest.approx(lim["scale_out"] / 1e3)
+    assert got[(grouped, "both")] == pytest.approx(lim["total"] / 1e3)
+    assert got[("EP144, 8 GPUs/node, direct (decode)", "InfiniBand")] == \
+        pytest.approx(K * 143 / 144 * H * 3 / 1e3)
 
 
 # ---- issue R2 item 10: the one-KV-head-per-device floor (tp > num_key_value_heads) ----
@@ -523,15 +578,16 @@ def test_kv_heads_split_that_is_neither_divisor_nor_multiple_is_refused_for_weig
 # ---- expert-parallel groups smaller than a node: NVLink over the GPUs in use --------------
 @pytest.mark.parametrize("ep, scale_up_elems, scale_out_elems", [
     (1, 0, 0), (2, 8 * 1 / 2 * 7168, 0), (4, 8 * 3 / 4 * 7168, 0), (8, 8 * 7 / 8 * 7168, 0),
-    # two nodes: a token reaches 2 * (1 - (1/2) ** 8) nodes, half of them remote
-    (16, 8 * 7 / 8 * 7168, 2 * (1 - 0.5 ** 8) / 2 * 7168)])
+    # two nodes, no group limit: a token's 8 distinct experts of 256 reach
+    # 2 * (1 - C(128, 8) / C(256, 8)) nodes, half of them remote
+    (16, 8 * 7 / 8 * 7168, 2 * (1 - comb(128, 8) / comb(256, 8)) / 2 * 7168)])
 def test_ep_group_within_a_node_counts_nvlink_over_the_gpus_in_use(ep, scale_up_elems,
                                                                    scale_out_elems):
     """DeepSeek-V3 (K = 8, H = 7168), 8 GPUs per node. EP over 4 GPUs of one node: a pair
     stays on its GPU with probability 1/4 (not 1/8): NVLink carries 8 * 3/4 * 7168 =
     43,008 elements per direction, nothing crosses InfiniBand; FP8 dispatch (1 B), BF16
     combine (2 B)."""
-    v3 = reference_config("DeepSeek-V3")
+    v3 = reference_config("DeepSeek-V3").replace(n_group=1, topk_group=1)
     m = moe_comm_bytes_per_token(v3, ep, 1, 2, gpus_per_node=8)
     assert m["scale_up_dispatch"] == pytest.approx(scale_up_elems)
     assert m["scale_up_combine"] == pytest.approx(2 * scale_up_elems)
@@ -542,7 +598,7 @@ def test_ep_group_within_a_node_counts_nvlink_over_the_gpus_in_use(ep, scale_up_
         assert m["total"] == pytest.approx(flat["total"]) and m["nodes_per_token"] == 1
     from tokenflow.analysis.costmodel import moe_a2a_table
     rows = {(r[0], r[1]): r[2:] for r in moe_a2a_table(v3, ep)}
-    nv = rows[(f"EP{ep}, 8 GPUs/node, no node limit", "NVLink")]
+    nv = rows[(f"EP{ep}, 8 GPUs/node, hierarchical, no routing limit", "NVLink")]
     assert nv[0] == pytest.approx(scale_up_elems / 1e3) and \
         nv[1] == pytest.approx(2 * scale_up_elems / 1e3)
 

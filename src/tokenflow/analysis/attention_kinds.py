@@ -31,7 +31,8 @@ from .costmodel import kv_cache_bytes_per_token
 
 __all__ = ["with_kv_heads", "gated_deltanet_state_elements", "CacheLayout", "hybrid_layout",
            "example_layouts", "kv_per_token_rows", "kv_per_token_table", "gated_delta_rule",
-           "sparse_decode_reads", "kv_cache_size"]
+           "sparse_decode_reads", "kv_cache_size",
+           "FLASHMLA_SPARSE_FP8_ENTRY_BYTES"]
 
 
 def _check_int(name: str, v, lo: int) -> None:
@@ -228,29 +229,52 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     return out, S_
 
 
+FLASHMLA_SPARSE_FP8_ENTRY_BYTES = 512 + 4 * 4 + 64 * 2
+"""Bytes per token and layer of the FP8 MLA cache FlashMLA's sparse decoding kernel reads
+(FlashMLA README, FP8 KV cache of the sparse kernels for DeepSeek-V3.2): the 512-wide latent
+in FP8 (512 B), four FP32 scales, one per 128 values (16 B), and the 64-wide RoPE key kept
+in BF16 (128 B): 656."""
+
+
 def sparse_decode_reads(config: ModelConfig, context_len: int, index_topk: int,
                         index_head_dim: int, bytes_per_element: float = 2,
-                        index_bytes_per_element: float = 1) -> dict:
+                        index_bytes_per_element: float = 1,
+                        sparse_entry_bytes: float | None = FLASHMLA_SPARSE_FP8_ENTRY_BYTES) -> dict:
     """Cache bytes one decode token reads, all layers, with DeepSeek Sparse Attention
     (DeepSeek-V3.2-Exp ``inference/model.py``: an ``Indexer`` per layer caches one fp8 key of
     ``index_head_dim`` per token, scores every cached token, and attention reads only the top
     ``index_topk`` MLA entries) against dense attention over the whole context.
 
+    The selected entries are read in the layout of FlashMLA's sparse decoding kernel,
+    ``sparse_entry_bytes`` per token and layer (default
+    :data:`FLASHMLA_SPARSE_FP8_ENTRY_BYTES`, 656); ``None`` reads them as the dense cache,
+    at ``bytes_per_element``.
+
     Returns:
-        dict, bytes: ``dense`` (every entry, ``costmodel.kv_cache_bytes_per_token`` each),
+        dict, bytes: ``dense`` (every entry, ``costmodel.kv_cache_bytes_per_token`` at
+        ``bytes_per_element`` each: FlashMLA's dense kernel reads a BF16 cache),
         ``indexer`` (every indexer key), ``selected`` (``min(context_len, index_topk)``
-        entries), ``sparse`` = ``indexer + selected``. Scale factors of the fp8 keys are
-        left out.
+        entries), ``sparse`` = ``indexer + selected``. Scale factors of the fp8 indexer keys
+        are left out.
 
     Raises:
-        ValueError: counts < 1, or as ``costmodel.kv_cache_bytes_per_token``.
+        ValueError: counts < 1, ``sparse_entry_bytes <= 0``, or as
+            ``costmodel.kv_cache_bytes_per_token``.
     """
     for name, v in (("context_len", context_len), ("index_topk", index_topk),
                     ("index_head_dim", index_head_dim)):
         _check_int(name, v, 1)
     entry = costmodel.kv_cache_bytes_per_token(config, bytes_per_element)
+    if sparse_entry_bytes is None:
+        sparse_entry = entry
+    else:
+        if isinstance(sparse_entry_bytes, bool) or \
+                not isinstance(sparse_entry_bytes, (int, float)) or sparse_entry_bytes <= 0:
+            raise ValueError(f"sparse_entry_bytes must be a number > 0 or None, "
+                             f"got {sparse_entry_bytes!r}")
+        sparse_entry = config.num_hidden_layers * sparse_entry_bytes
     indexer = config.num_hidden_layers * context_len * index_head_dim * index_bytes_per_element
-    selected = min(context_len, index_topk) * entry
+    selected = min(context_len, index_topk) * sparse_entry
     return {"dense": context_len * entry, "indexer": indexer, "selected": selected,
             "sparse": indexer + selected}
 

@@ -4,7 +4,8 @@ Counts (:func:`forward_flops`): a multiply-add is 2 FLOPs; every matrix multiply
 forward pass of :mod:`tokenflow.analysis.costmodel`'s architecture: attention projections, attention
 scores and weighted sum over the context, dense FFN, the ``K`` routed and the shared experts,
 the router, the LM head. Norms, RoPE, softmax and activations (a few FLOPs per element) are
-left out. Checked against ``torch.utils.flop_counter`` on the shared model.
+left out. Checked against ``torch.utils.flop_counter`` on the shared model (with
+``causal=False``: the counter counts the full masked block).
 
 Time (:func:`roofline`): one step on one device takes ``max(compute, memory, communication)``
 (perfect overlap; ``serial_s`` adds them instead), each at the peak of :class:`HardwareSpec`;
@@ -13,7 +14,9 @@ the weights' (DeepSeek's service: matrix multiplications in FP8, core MLA in BF1
 of its open-infra-index; FlashMLA's dense decoding kernel is BF16, FlashMLA README);
 communication over NVLink and InfiniBand overlaps too (DeepSeek-V3 report, arXiv:2412.19437,
 section 3.2.2: the IB and NVLink transfers of the all-to-all are fully overlapped), so it
-takes the longer of the two.
+takes the longer of the two. The all-to-all takes the path DeepSeek-V3 deploys for each
+phase (section 3.4): decode sends every pair point to point over IB, prefill goes
+IB-then-NVLink. Attention FLOPs are the causal work (the masked triangle skipped).
 A bound, not a prediction: real kernels reach a fraction of peak.
 """
 from __future__ import annotations
@@ -23,7 +26,8 @@ import os
 import time
 
 from tokenflow.model.config import ModelConfig
-from .costmodel import (_check_count, _check_countable, forward_bytes, moe_comm_bytes_per_token,
+from .costmodel import (A2A_PATHS, _check_count, _check_countable, forward_bytes,
+                        moe_comm_bytes_per_token,
                         num_moe_layers)
 
 __all__ = ["HardwareSpec", "HARDWARE", "hardware", "ridge_point", "probe_cpu", "forward_flops",
@@ -151,19 +155,28 @@ def _attn_proj_flops(c: ModelConfig) -> int:
 
 
 def forward_flops(config: ModelConfig, batch: int, seq_len: int, past_len: int = 0,
-                  logits: str = "all") -> dict:
+                  logits: str = "all", causal: bool = True) -> dict:
     """FLOPs of one forward pass over ``[batch, seq_len]`` new tokens after ``past_len``
     cached ones, by part: ``attention_proj``, ``attention_scores`` (``q.k`` and weights @ V:
     ``2 * nh * L * (d_qk + d_v)`` per query; MLA counts the form that runs, absorbed for a
-    decode step, ``d_qk = r + dr, d_v = r``, naive otherwise; ``L`` the keys it is computed against:
-    ``past_len + seq_len`` as a dense masked kernel computes the full block, capped at
-    ``sliding_window`` on sliding layers), ``dense_ffn``, ``routed_experts`` (``K`` per
-    token), ``shared_experts``, ``router``, ``lm_head`` (``logits="all"`` positions or only
-    the ``"last"``), and ``total``.
+    decode step, ``d_qk = r + dr, d_v = r``, naive otherwise; ``L`` the keys the query is
+    computed against), ``dense_ffn``, ``routed_experts`` (``K`` per token),
+    ``shared_experts``, ``router``, ``lm_head`` (``logits="all"`` positions or only the
+    ``"last"``), and ``total``.
+
+    ``causal=True`` (default): query ``i`` of the block meets the ``past_len + i + 1`` keys
+    it may see, capped at ``sliding_window`` on sliding layers: the work of a causal kernel
+    that skips the masked triangle (FlashAttention, Dao et al. 2022; FlashMLA's prefill), about
+    half the block's scores for a long prompt. ``causal=False``: every query against all
+    ``past_len + seq_len`` keys, what a dense masked kernel computes and what
+    ``torch.utils.flop_counter`` reports for ``scaled_dot_product_attention`` or a masked
+    matmul (it counts the shapes, not the mask). A decode step (``seq_len == 1``) is the same
+    either way.
 
     Raises:
         ValueError: counts out of range, ``logits`` not ``"all"``/``"last"``, a config with
             ``unsupported_fields``.
+        TypeError: ``causal`` not a bool.
     """
     c = config
     _check_countable(c)
@@ -172,15 +185,18 @@ def forward_flops(config: ModelConfig, batch: int, seq_len: int, past_len: int =
     _check_count("past_len", past_len, 0)
     if logits not in ("all", "last"):
         raise ValueError(f"logits must be 'all' or 'last', got {logits!r}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
     T, H = batch * seq_len, c.hidden_size
     d_qk, d_v = _attention_widths(c, seq_len)
     out = dict.fromkeys(("attention_proj", "attention_scores", "dense_ffn", "routed_experts",
                          "shared_experts", "router", "lm_head"), 0)
     for i in range(c.num_hidden_layers):
-        L = past_len + seq_len
-        L = min(L, c.sliding_window) if c.layer_is_sliding(i) else L
+        W = c.sliding_window if c.layer_is_sliding(i) else None
+        keys = _keys_met(past_len, seq_len, W) if causal else \
+            seq_len * (past_len + seq_len if W is None else min(past_len + seq_len, W))
         out["attention_proj"] += T * _attn_proj_flops(c)
-        out["attention_scores"] += T * 2 * c.num_attention_heads * L * (d_qk + d_v)
+        out["attention_scores"] += batch * keys * 2 * c.num_attention_heads * (d_qk + d_v)
         if not c.layer_is_moe(i):
             out["dense_ffn"] += T * 2 * _ffn_matmul_params(c, c.intermediate_size)
             continue
@@ -192,6 +208,19 @@ def forward_flops(config: ModelConfig, batch: int, seq_len: int, past_len: int =
     out["lm_head"] = 2 * H * c.vocab_size * (T if logits == "all" else batch)
     out["total"] = sum(out.values())
     return out
+
+
+def _keys_met(past_len: int, seq_len: int, window: int | None) -> int:
+    """(query, key) pairs a causal kernel computes for ``seq_len`` queries after ``past_len``
+    cached keys: ``sum over i of min(past_len + i + 1, window)`` (no cap when ``window`` is
+    ``None``), in closed form."""
+    lo, hi = past_len + 1, past_len + seq_len                 # keys of the first / last query
+    if window is None or hi <= window:
+        return (lo + hi) * seq_len // 2
+    if lo >= window:
+        return window * seq_len
+    under = window - lo                                       # queries below the cap
+    return (lo + window - 1) * under // 2 + window * (seq_len - under)
 
 
 def _attention_widths(c: ModelConfig, seq_len: int) -> tuple[int, int]:
@@ -237,12 +266,14 @@ def _sequence_flops(config: ModelConfig, context_len: int, phase: str) -> dict:
 
 
 def arithmetic_intensity(config: ModelConfig, new_tokens: int, cached_tokens: int = 0,
-                         batch_size: int = 1, bytes_per_element: float = 2) -> float:
+                         batch_size: int = 1, bytes_per_element: float = 2,
+                         causal: bool = True) -> float:
     """FLOPs per byte of one forward pass on one device: ``batch_size`` sequences each feeding
     ``new_tokens`` tokens after ``cached_tokens`` cached ones (prefill: ``new_tokens = S,
     cached_tokens = 0``; a decode step: ``new_tokens = 1``). Numerator
-    :func:`forward_flops` ``(config, batch_size, new_tokens, cached_tokens)["total"]`` (LM
-    head at every new position); denominator
+    :func:`forward_flops` ``(config, batch_size, new_tokens, cached_tokens, causal=causal)
+    ["total"]`` (LM head at every new position; causal attention work unless
+    ``causal=False``); denominator
     :func:`~tokenflow.analysis.costmodel.forward_bytes` (weights read once, KV read and written, at
     ``bytes_per_element``). Compare with :func:`ridge_point`.
 
@@ -250,7 +281,8 @@ def arithmetic_intensity(config: ModelConfig, new_tokens: int, cached_tokens: in
         ValueError: the errors of the two functions (counts out of range,
             ``bytes_per_element <= 0``).
     """
-    flops = forward_flops(config, batch_size, new_tokens, cached_tokens)["total"]
+    flops = forward_flops(config, batch_size, new_tokens, cached_tokens,
+                          causal=causal)["total"]
     return flops / forward_bytes(config, new_tokens, cached_tokens, batch_size,
                                  bytes_per_element)
 
@@ -261,7 +293,7 @@ def roofline(config: ModelConfig, hw: HardwareSpec, phase: str, batch: int, cont
              max_nodes_per_token: int | None = None,
              dispatch_bytes_per_element: float | None = None,
              combine_bytes_per_element: float = 2,
-             attention_dtype: str | None = None) -> dict:
+             attention_dtype: str | None = None, a2a_path: str | None = None) -> dict:
     """Roofline time of one step on one device, and its tokens/s.
 
     ``batch`` sequences run on this device's tensor-parallel group (each of the
@@ -285,7 +317,10 @@ def roofline(config: ModelConfig, hw: HardwareSpec, phase: str, batch: int, cont
       Weights at ``bytes_per_param``, cache at ``kv_bytes_per_element``.
     * communication: EP dispatch + combine (:func:`~tokenflow.analysis.costmodel.
       moe_comm_bytes_per_token` with ``hw.gpus_per_node`` and ``max_nodes_per_token``) per
-      token and MoE layer over the scale-out and scale-up links, dispatch at
+      token and MoE layer over the scale-out and scale-up links along ``a2a_path``
+      (``None``: as DeepSeek-V3 deploys it, V3 report sections 3.4.1-3.4.2, ``"direct"``
+      point-to-point over InfiniBand for decode, ``"hierarchical"`` InfiniBand-then-NVLink
+      for prefill), dispatch at
       ``dispatch_bytes_per_element`` (``None``: ``bytes_per_param``) and combine at
       ``combine_bytes_per_element`` (default 2: DeepSeek's day-6 note dispatches in FP8 and
       combines in BF16); TP: two ring all-reduces of ``[T, H]`` per layer (``2 (tp-1)/tp``
@@ -313,6 +348,8 @@ def roofline(config: ModelConfig, hw: HardwareSpec, phase: str, batch: int, cont
         raise ValueError(f"attention_dtype must be one of {sorted(hw.peak_flops)} or None, "
                          f"got {attention_dtype!r}")
     _check_count("batch", batch, 1)
+    if a2a_path not in (None, *A2A_PATHS):
+        raise ValueError(f"a2a_path must be None or one of {A2A_PATHS}, got {a2a_path!r}")
     per_seq = 1 if phase == "decode" else context_len
     T = batch * per_seq                                         # new tokens on this device
     f = _sequence_flops(c, context_len, phase)
@@ -322,8 +359,9 @@ def roofline(config: ModelConfig, hw: HardwareSpec, phase: str, batch: int, cont
                         kv_bytes_per_element=kv_bytes_per_element, tp_size=tp_size,
                         ep_size=ep_size)
     bd = bytes_per_param if dispatch_bytes_per_element is None else dispatch_bytes_per_element
+    path = a2a_path or ("direct" if phase == "decode" else "hierarchical")
     up, out = _comm_bytes(c, hw, T, tp_size, ep_size, bytes_per_param, bd,
-                          combine_bytes_per_element, max_nodes_per_token)
+                          combine_bytes_per_element, max_nodes_per_token, path)
     links = {"scale_up_s": _seconds(up, hw.scale_up_bandwidth),
              "scale_out_s": _seconds(out, hw.scale_out_bandwidth)}
     compute = (flops - attn) / hw.peak_flops[dtype] + attn / hw.peak_flops[attention_dtype]
@@ -337,13 +375,13 @@ def roofline(config: ModelConfig, hw: HardwareSpec, phase: str, batch: int, cont
 
 
 def _comm_bytes(c: ModelConfig, hw: HardwareSpec, T: int, tp: int, ep: int, b: float,
-                bd: float, bc: float, max_nodes) -> tuple[float, float]:
+                bd: float, bc: float, max_nodes, path: str) -> tuple[float, float]:
     """(scale-up, scale-out) bytes one device sends in a step of ``T`` tokens."""
     up = 2 * c.num_hidden_layers * 2 * (tp - 1) / tp * T * c.hidden_size * b
     out = 0.0
     if c.num_experts and ep > 1:
         m = moe_comm_bytes_per_token(c, ep, bd, bc, gpus_per_node=hw.gpus_per_node,
-                                     max_nodes_per_token=max_nodes)
+                                     max_nodes_per_token=max_nodes, path=path)
         up += m["scale_up"] * T * num_moe_layers(c)
         out = m["scale_out"] * T * num_moe_layers(c)
     return up, out

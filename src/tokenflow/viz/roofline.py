@@ -55,14 +55,16 @@ def lens_bars(pipeline: dict, blocks: dict, title: str = ""):
 def roofline_summary(config, hw_name: str = "H800", phase: str = "decode", batch: int = 64,
                      context_len: int = 4096, ep_size: int = 32, dtype: str = "fp8",
                      bytes_per_param: float = 1, kv_bytes_per_element: float = 2,
-                     max_nodes_per_token: int | None = 4,
+                     max_nodes_per_token: int | None = None,
                      attention_dtype: str | None = "bf16") -> dict:
     """Roofline of one step on one device (:func:`tokenflow.analysis.roofline.roofline`, tensor
     parallel 1 as in DeepSeek's DP attention) for a hardware preset, with the memory the step
     needs: ``weights + KV`` bytes (:mod:`tokenflow.analysis.costmodel`: this device's weights and
     the batch's KV cache). The defaults are DeepSeek's V3/R1 service (day-6 note of its
     open-infra-index): matrix multiplies at the ``dtype`` (FP8) peak, the attention core at the
-    ``attention_dtype`` (BF16) peak, FP8 weights, BF16 cache, at most 4 nodes per token.
+    ``attention_dtype`` (BF16) peak, FP8 weights, BF16 cache; the all-to-all takes the path
+    of the phase (decode direct over InfiniBand, prefill InfiniBand-then-NVLink under the
+    config's group limit; ``max_nodes_per_token`` imposes a node limit instead).
 
     Returns:
         dict: the :func:`~tokenflow.analysis.roofline.roofline` result plus ``hw`` (the
@@ -111,7 +113,7 @@ def roofline_bars(summary: dict):
 def roofline_panel(config, hw_name: str = "H800", phase: str = "decode", batch: int = 64,
                    context_len: int = 4096, ep_size: int = 32, dtype: str = "fp8",
                    bytes_per_param: float = 1, kv_bytes_per_element: float = 2,
-                   max_nodes_per_token: int | None = 4, attention_dtype: str | None = "bf16"):
+                   max_nodes_per_token: int | None = None, attention_dtype: str | None = "bf16"):
     """Print :func:`roofline_summary` (same arguments: the three times, the bound, tokens/s
     per device and the memory the step needs) and draw :func:`roofline_bars`.
 
