@@ -35,6 +35,9 @@
       hwSource: "hardware source", note: "A bound, not a prediction: real kernels reach a " +
         "fraction of peak. Tokens/s: new tokens of the step / max(compute, memory, comm).",
       kinds: {MHA: "MHA", GQA: "GQA", MQA: "MQA", MLA: "MLA (latent KV)"},
+      paths: "decode: every pair off the GPU point to point over InfiniBand; prefill: " +
+        "once over InfiniBand per node reached, then NVLink (DeepSeek-V3 report 3.4)",
+      groups: "expert groups per token (group-limited routing)",
       ctxShort: "context", seqs: "sequences", inPrefill: "prefill: the prompt",
       inDecode: "decode: the last token", outTok: "one per sequence per step",
       streamed: "tokens streamed back"
@@ -69,6 +72,9 @@
       hwSource: "硬件数据来源", note: "这是上界，不是预测：真实内核只能达到峰值的一部分。" +
         "每秒词元数 = 这一步的新词元数 / max(计算, 显存, 通信)。",
       kinds: {MHA: "MHA", GQA: "GQA", MQA: "MQA", MLA: "MLA（潜在 KV）"},
+      paths: "解码：每个不在本 GPU 上的 (词元, 专家) 对经 InfiniBand 点对点发送；预填充：" +
+        "每到一个节点经 InfiniBand 发一次，再走 NVLink（DeepSeek-V3 报告 3.4 节）",
+      groups: "个专家组（分组限制路由）",
       ctxShort: "上下文", seqs: "个序列", inPrefill: "预填充：整个提示词",
       inDecode: "解码：上一个词元", outTok: "每步每个序列一个", streamed: "词元流式返回"
     }
@@ -261,9 +267,10 @@
                    "] + attention FLOPs / peak[" + p.attention_dtype + "]; memory = bytes " +
                    "(weights touched + KV read and written) / HBM bandwidth; NVLink, " +
                    "InfiniBand = all-to-all (dispatch " + p.dispatch_bytes_per_element +
-                   " B, combine " + p.combine_bytes_per_element + " B" +
-                   (TF.maxNodesPerToken(c) !== null ? ", at most " + TF.maxNodesPerToken(c) +
-                    " nodes per token" : "") + ") and TP all-reduce bytes / link bandwidth. " +
+                   " B, combine " + p.combine_bytes_per_element + " B; " + L.paths +
+                   (c.n_group > 1 && c.topk_group < c.n_group ? "; " + c.topk_group + " / " +
+                    c.n_group + " " + L.groups : "") + ") and TP all-reduce bytes / link " +
+                   "bandwidth. " +
                    rf + "roofline, " + rf + "forward_flops, " + cm + "forward_bytes"}),
         el("div", {cls: "tf-mp-note", text: L.note}),
         el("div", {cls: "tf-mp-note", text: L.hwSource + ": " + hw.source})]);

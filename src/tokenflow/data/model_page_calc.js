@@ -500,15 +500,75 @@
     return w + TF.kvCacheBytes(c, batch, cached + newTokens, kvb, tp);
   };
 
-  // moe_comm_bytes_per_token with gpus_per_node (the _node_limited_elements split)
-  function nodeLimited(c, ep, G, M) {
+  // expected_nodes_per_token: distinct nodes a token's K experts sit on, under node-limited
+  // routing (max_nodes_per_token M) or else the config's group limit (topk_group of n_group)
+  function combinations(n, k) {
+    var out = [], cur = [];
+    (function rec(start) {
+      if (cur.length === k) { out.push(cur.slice()); return; }
+      for (var i = start; i < n; i++) { cur.push(i); rec(i + 1); cur.pop(); }
+    })(0);
+    return out;
+  }
+  function missProb(s, n, K) {          // C(s - n, K) / C(s, K)
+    if (s - n < K) return 0;
+    var p = 1;
+    for (var i = 0; i < K; i++) p *= (s - n - i) / (s - i);
+    return p;
+  }
+  function checkNodeLayout(ep, G) {
+    count("gpus_per_node", G, 1);
     if (ep % G && G % ep)
       fail("ep_size (" + ep + ") must be a multiple or divisor of gpus_per_node (" + G + ")");
+  }
+  TF.expectedNodesPerToken = function (c, ep, G, M) {
+    count("ep_size", ep, 1);
+    checkNodeLayout(ep, G);
+    var E = c.num_experts, K = c.num_experts_per_tok, N = Math.max(Math.floor(ep / G), 1);
+    var node = [], e, j, units = [], pick;
+    for (e = 0; e < E; e++) node.push(Math.floor(e * N / E));
+    if (M !== null) count("max_nodes_per_token", M, 1);
+    if (M !== null && M < N) {
+      for (j = 0; j < N; j++) units.push(node.map(function (x, i) { return x === j ? i : -1; })
+                                         .filter(function (i) { return i >= 0; }));
+      pick = M;
+    } else if (M === null && c.n_group > 1 && c.topk_group < c.n_group) {
+      var size = Math.floor(E / c.n_group);
+      for (j = 0; j < c.n_group; j++) {
+        var u = [];
+        for (e = j * size; e < (j + 1) * size; e++) u.push(e);
+        units.push(u);
+      }
+      pick = c.topk_group;
+    } else {
+      var all = [];
+      for (e = 0; e < E; e++) all.push(e);
+      units = [all]; pick = 1;
+    }
+    var total = 0.0, sets = 0;
+    combinations(units.length, pick).forEach(function (chosen) {
+      var held = {}, s = 0, key;
+      chosen.forEach(function (ui) {
+        units[ui].forEach(function (x) { held[node[x]] = (held[node[x]] || 0) + 1; });
+      });
+      for (key in held) s += held[key];
+      if (s < K) fail("the routing limit leaves " + s + " experts, fewer than " +
+                      "num_experts_per_tok (" + K + ")");
+      for (key in held) total += 1 - missProb(s, held[key], K);
+      sets += 1;
+    });
+    return total / sets;
+  };
+  // moe_comm_bytes_per_token with gpus_per_node (_link_elements): elements one token sends
+  // over each link in one direction, along the hierarchical (prefill) or direct (decode) path
+  function linkElements(c, ep, G, M, path) {
+    checkNodeLayout(ep, G);
     var N = Math.max(Math.floor(ep / G), 1), K = c.num_experts_per_tok, H = c.hidden_size;
-    var n = N * (1 - Math.pow(1 - 1 / N, K));
-    n = M !== null ? Math.min(n, M) : n;
+    var n = TF.expectedNodesPerToken(c, ep, G, M);
+    if (path === "direct" && N > 1)
+      return {nodes_per_token: n, scale_out: K * (ep - 1) / ep * H, scale_up: 0.0};
     var Gu = Math.min(G, ep);
-    return {scale_out: n * (N - 1) / N * H, scale_up: K * (Gu - 1) / Gu * H};
+    return {nodes_per_token: n, scale_out: n * (N - 1) / N * H, scale_up: K * (Gu - 1) / Gu * H};
   }
 
   // ---- tokenflow.analysis.roofline
@@ -527,8 +587,16 @@
     if (S === 1) return [c.kv_lora_rank + c.qk_rope_head_dim, c.kv_lora_rank];
     return [c.qk_nope_head_dim + c.qk_rope_head_dim, c.v_head_dim];
   }
+  // _keys_met: (query, key) pairs a causal kernel computes, sliding windows capped
+  function keysMet(past, S, W) {
+    var lo = past + 1, hi = past + S;
+    if (W === null || hi <= W) return Math.floor((lo + hi) * S / 2);
+    if (lo >= W) return W * S;
+    var under = W - lo;
+    return Math.floor((lo + W - 1) * under / 2) + W * (S - under);
+  }
   function ffnMatmulParams(c, I) { return (c.gated_mlp ? 3 : 2) * c.hidden_size * I; }
-  // forward_flops
+  // forward_flops (causal=True)
   TF.forwardFlops = function (c, batch, S, past, logits) {
     countable(c);
     var T = batch * S, H = c.hidden_size, wd = attentionWidths(c, S), out = {
@@ -536,10 +604,9 @@
       shared_experts: 0, router: 0, lm_head: 0};
     var proj = attnProjFlops(c);
     for (var i = 0; i < c.num_hidden_layers; i++) {
-      var L = past + S;
-      L = layerIsSliding(c, i) ? Math.min(L, c.sliding_window) : L;
+      var keys = keysMet(past, S, layerIsSliding(c, i) ? c.sliding_window : null);
       out.attention_proj += T * proj;
-      out.attention_scores += T * 2 * c.num_attention_heads * L * (wd[0] + wd[1]);
+      out.attention_scores += batch * keys * 2 * c.num_attention_heads * (wd[0] + wd[1]);
       if (!layerIsMoe(c, i)) { out.dense_ffn += T * 2 * ffnMatmulParams(c, c.intermediate_size);
                                continue; }
       out.routed_experts += T * c.num_experts_per_tok * 2 *
@@ -565,7 +632,8 @@
     var bd = o.dispatch_bytes_per_element === null ? b : o.dispatch_bytes_per_element;
     var up = 2 * c.num_hidden_layers * 2 * (tp - 1) / tp * T * c.hidden_size * b, out = 0.0;
     if (c.num_experts && ep > 1) {
-      var links = nodeLimited(c, ep, hw.gpus_per_node, o.max_nodes_per_token);
+      var links = linkElements(c, ep, hw.gpus_per_node, o.max_nodes_per_token,
+                               phase === "decode" ? "direct" : "hierarchical");
       var nm = TF.numMoeLayers(c);
       var upTok = links.scale_up * bd + links.scale_up * o.combine_bytes_per_element;
       var outTok = links.scale_out * bd + links.scale_out * o.combine_bytes_per_element;
@@ -597,7 +665,6 @@
     fp8: {dtype: "fp8", attention_dtype: "bf16", bytes_per_param: 1, kv_bytes_per_element: 2,
           dispatch_bytes_per_element: 1, combine_bytes_per_element: 2}
   };
-  TF.maxNodesPerToken = function (c) { return c.n_group > 1 ? c.topk_group : null; };
   TF.numbers = function (c, hw, s) {
     var p = TF.PRECISIONS[s.precision], r = {};
     r.moe_layers = TF.numMoeLayers(c);
@@ -614,7 +681,7 @@
     r.fits = r.memory_used <= r.memory_budget;
     r.max_batch = TF.maxBatchSize(c, s.context, hw.memory_bytes, s.tp, s.ep, p.bytes_per_param,
                                   p.kv_bytes_per_element);
-    var o = {tp_size: s.tp, ep_size: s.ep, max_nodes_per_token: TF.maxNodesPerToken(c)};
+    var o = {tp_size: s.tp, ep_size: s.ep, max_nodes_per_token: null};
     for (var k in p) o[k] = p[k];
     ["prefill", "decode"].forEach(function (ph) {
       var x = TF.roofline(c, hw, ph, s.batch, s.context, o);

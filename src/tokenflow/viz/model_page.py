@@ -98,7 +98,8 @@ def page_numbers(config, hw_name: str, precision: str, batch: int, context: int,
     both fit in ``0.9`` of the device memory and :func:`max_batch_size`, and for prefill and
     decode the :func:`~tokenflow.analysis.roofline.roofline` times, tokens/s and the binding
     resource (``compute``, ``memory``, ``scale_up`` = NVLink, ``scale_out`` = InfiniBand).
-    Node-limited routing: ``max_nodes_per_token = topk_group`` when ``n_group > 1``.
+    The all-to-all takes the roofline's default path per phase (decode direct over
+    InfiniBand, prefill hierarchical) under the config's own group limit.
 
     Raises:
         ValueError: an unknown ``hw_name`` or ``precision``, and the errors of those functions
@@ -124,10 +125,9 @@ def page_numbers(config, hw_name: str, precision: str, batch: int, context: int,
     r["max_batch"] = cm.max_batch_size(c, context, hw.memory_bytes, tp, ep,
                                        p["bytes_per_param"], p["kv_bytes_per_element"],
                                        MEMORY_FRACTION)
-    nodes = c.topk_group if c.n_group > 1 else None
     for phase in ("prefill", "decode"):
         x = roofline(c, hw, phase, batch, context, tp_size=tp, ep_size=ep,
-                     max_nodes_per_token=nodes, **p)
+                     **p)
         for k in ("compute_s", "memory_s", "comm_s", "scale_up_s", "scale_out_s", "step_s",
                   "tokens_per_s", "flops", "memory_bytes", "bound"):
             r[f"{phase}_{k}"] = x[k]
