@@ -50,6 +50,9 @@ def expect(config, hw, precision, batch, context, tp, ep) -> dict:
         for k in ("compute_s", "memory_s", "scale_up_s", "scale_out_s", "step_s"):
             out[f"{ph}_{k}"] = fmt_time(r[f"{ph}_{k}"])
     out["max_batch"] = f"{r['max_batch']:,}"
+    out["ridge"] = fmt_si(r["ridge"], "")
+    for ph in ("prefill", "decode"):
+        out[f"{ph}_intensity"] = fmt_si(r[f"{ph}_intensity"], "")
     out["vocab_logits"] = f"{config.vocab_size:,}"
     return out, r
 

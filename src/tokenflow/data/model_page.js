@@ -24,7 +24,7 @@
       quantity: "quantity", formula: "formula", value: "value", source: "source (Python, " +
         "the definition)", roof: "Roofline per GPU (one step, each unit at its peak)",
       phase: "phase", compute: "compute", memory: "memory", nvlink: "NVLink", ib: "InfiniBand",
-      step: "step", tokS: "tokens/s per GPU", scale_up: "NVLink", scale_out: "InfiniBand",
+      step: "step (decode: per output token)", tokS: "tokens/s per GPU", scale_up: "NVLink", scale_out: "InfiniBand",
       weightsTp: "weights split by TP", weightsEp: "routed experts split by EP",
       weightsRep: "replicated (norms, router)", weights: "weights per GPU", kv: "KV cache per GPU",
       used: "weights + KV per GPU", budget: "memory for them (0.9 of the GPU)",
@@ -38,6 +38,7 @@
       paths: "decode: every pair off the GPU point to point over InfiniBand; prefill: " +
         "once over InfiniBand per node reached, then NVLink (DeepSeek-V3 report 3.4)",
       groups: "expert groups per token (group-limited routing)",
+      intensity: "FLOPs per byte", ridgeName: "ridge point (peak FLOP/s / HBM bandwidth)",
       ctxShort: "context", seqs: "sequences", inPrefill: "prefill: the prompt",
       inDecode: "decode: the last token", outTok: "one per sequence per step",
       streamed: "tokens streamed back"
@@ -61,7 +62,7 @@
       quantity: "量", formula: "公式", value: "值", source: "来源（Python，即定义）",
       roof: "每块 GPU 的屋顶线（一步，每个部件都按峰值算）",
       phase: "阶段", compute: "计算", memory: "显存", nvlink: "NVLink", ib: "InfiniBand",
-      step: "一步", tokS: "每块 GPU 每秒词元数", scale_up: "NVLink", scale_out: "InfiniBand",
+      step: "一步（解码：每个输出词元）", tokS: "每块 GPU 每秒词元数", scale_up: "NVLink", scale_out: "InfiniBand",
       weightsTp: "按 TP 切分的权重", weightsEp: "按 EP 切分的路由专家",
       weightsRep: "复制的部分（归一化、路由器）", weights: "每块 GPU 的权重", kv: "每块 GPU 的 KV 缓存",
       used: "每块 GPU 的权重 + KV", budget: "可用显存（GPU 的 0.9）",
@@ -75,6 +76,7 @@
       paths: "解码：每个不在本 GPU 上的 (词元, 专家) 对经 InfiniBand 点对点发送；预填充：" +
         "每到一个节点经 InfiniBand 发一次，再走 NVLink（DeepSeek-V3 报告 3.4 节）",
       groups: "个专家组（分组限制路由）",
+      intensity: "每字节 FLOPs", ridgeName: "脊点（峰值 FLOP/s / HBM 带宽）",
       ctxShort: "上下文", seqs: "个序列", inPrefill: "预填充：整个提示词",
       inDecode: "解码：上一个词元", outTok: "每步每个序列一个", streamed: "词元流式返回"
     }
@@ -252,7 +254,8 @@
       rows.forEach(function (x) { t1.appendChild(row(x)); });
       t1.querySelectorAll("tr")[9].setAttribute("data-fits", r.fits ? "yes" : "no");
       var t2 = el("table", {cls: "tf-mp-table"}, [row([L.phase, L.compute, L.memory, L.nvlink,
-                                                        L.ib, L.step, L.tokS, L.bound], true)]);
+                                                        L.ib, L.step, L.tokS, L.bound,
+                                                        L.intensity], true)]);
       ["prefill", "decode"].forEach(function (ph) {
         t2.appendChild(row([L[ph], num(ph + "_compute_s", TF.fmtTime(r[ph + "_compute_s"])),
                             num(ph + "_memory_s", TF.fmtTime(r[ph + "_memory_s"])),
@@ -260,8 +263,11 @@
                             num(ph + "_scale_out_s", TF.fmtTime(r[ph + "_scale_out_s"])),
                             num(ph + "_step_s", TF.fmtTime(r[ph + "_step_s"])),
                             num(ph + "_tokens_per_s", TF.fmtSI(r[ph + "_tokens_per_s"], "tok/s")),
-                            num(ph + "_binding", L[r[ph + "_binding"]])]));
+                            num(ph + "_binding", L[r[ph + "_binding"]]),
+                            num(ph + "_intensity", TF.fmtSI(r[ph + "_intensity"], ""))]));
       });
+      t2.appendChild(row([L.ridgeName, "", "", "", "", "", "", "",
+                          num("ridge", TF.fmtSI(r.ridge, ""))]));
       var forms = el("div", {cls: "tf-mp-forms"}, [
         el("div", {text: "compute = (FLOPs \u2212 attention FLOPs) / peak[" + p.dtype +
                    "] + attention FLOPs / peak[" + p.attention_dtype + "]; memory = bytes " +

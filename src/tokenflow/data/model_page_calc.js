@@ -687,8 +687,10 @@
       var x = TF.roofline(c, hw, ph, s.batch, s.context, o);
       ["compute_s", "memory_s", "comm_s", "scale_up_s", "scale_out_s", "step_s", "tokens_per_s",
        "flops", "memory_bytes", "bound"].forEach(function (key) { r[ph + "_" + key] = x[key]; });
+      r[ph + "_intensity"] = x.flops / x.memory_bytes;
       r[ph + "_binding"] = x.bound === "comm" ? x.link : x.bound;
     });
+    r.ridge = hw.peak_flops[p.dtype] / hw.memory_bandwidth;     // ridge_point
     return r;
   };
 

@@ -97,7 +97,9 @@ def page_numbers(config, hw_name: str, precision: str, batch: int, context: int,
     (:func:`weight_bytes_per_device`), the batch's KV cache (:func:`kv_cache_bytes`), whether
     both fit in ``0.9`` of the device memory and :func:`max_batch_size`, and for prefill and
     decode the :func:`~tokenflow.analysis.roofline.roofline` times, tokens/s and the binding
-    resource (``compute``, ``memory``, ``scale_up`` = NVLink, ``scale_out`` = InfiniBand).
+    resource (``compute``, ``memory``, ``scale_up`` = NVLink, ``scale_out`` = InfiniBand),
+    the step's arithmetic intensity (FLOPs per byte of memory traffic) and the hardware's
+    :func:`~tokenflow.analysis.roofline.ridge_point` at the weights' dtype.
     The all-to-all takes the roofline's default path per phase (decode direct over
     InfiniBand, prefill hierarchical) under the config's own group limit.
 
@@ -107,7 +109,7 @@ def page_numbers(config, hw_name: str, precision: str, batch: int, context: int,
             with ``unsupported_fields``).
     """
     from tokenflow.analysis import costmodel as cm
-    from tokenflow.analysis.roofline import hardware, roofline
+    from tokenflow.analysis.roofline import hardware, ridge_point, roofline
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     hw, p, c = hardware(hw_name), PRECISIONS[precision], config
@@ -131,8 +133,10 @@ def page_numbers(config, hw_name: str, precision: str, batch: int, context: int,
         for k in ("compute_s", "memory_s", "comm_s", "scale_up_s", "scale_out_s", "step_s",
                   "tokens_per_s", "flops", "memory_bytes", "bound"):
             r[f"{phase}_{k}"] = x[k]
+        r[f"{phase}_intensity"] = x["flops"] / x["memory_bytes"]
         link = "scale_out" if x["scale_out_s"] >= x["scale_up_s"] else "scale_up"
         r[f"{phase}_binding"] = link if x["bound"] == "comm" else x["bound"]
+    r["ridge"] = ridge_point(hw, p["dtype"])
     return r
 
 
