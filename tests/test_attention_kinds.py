@@ -51,7 +51,7 @@ def test_sliding_window_by_hand():
 def test_qwen3_next_hybrid_by_hand():
     lay = hybrid_layout("Qwen3-Next-80B-A3B")
     assert (lay.kv_config.num_hidden_layers, lay.num_state_layers) == (12, 36)
-    state = 32 * 128 * 128 + (2 * 16 * 128 + 32 * 128) * 4
+    state = 32 * 128 * 128 + (2 * 16 * 128 + 32 * 128) * 3      # conv width 4: 3 past inputs
     assert lay.state_elements_per_layer == state
     L = 50_000
     assert lay.bytes(L, batch=3) == 3 * (12 * L * 2 * 2 * 256 + 36 * state) * 2
@@ -75,7 +75,8 @@ def test_state_size_equals_hf_qwen3_next_cache_and_does_not_grow():
     cfg, model = _tiny_qwen3_next()
     want = gated_deltanet_state_elements(cfg.linear_num_key_heads, cfg.linear_num_value_heads,
                                          cfg.linear_key_head_dim, cfg.linear_value_head_dim,
-                                         cfg.linear_conv_kernel_dim)
+                                         cfg.linear_conv_kernel_dim,
+                                         conv_inputs_kept=cfg.linear_conv_kernel_dim)
     for S in (3, 17):
         cache = model(torch.randint(0, 64, (1, S)), use_cache=True).past_key_values
         linear = [layer for t, layer in zip(cfg.layer_types, cache.layers)
@@ -84,6 +85,27 @@ def test_state_size_equals_hf_qwen3_next_cache_and_does_not_grow():
         for layer in linear:
             assert layer.recurrent_states[0].numel() == want["recurrent"]
             assert layer.conv_states[0].numel() == want["conv"]
+
+
+def test_a_causal_conv_of_width_k_needs_only_k_minus_1_past_inputs():
+    """Streaming the conv one token at a time, keeping the last k - 1 inputs, gives the
+    whole-sequence causal conv exactly: the layer's need, which the default counts (HF's
+    cache keeps k columns, one more)."""
+    torch.manual_seed(0)
+    C, k, S = 6, 4, 11
+    w = torch.randn(C, 1, k)
+    x = torch.randn(1, C, S)
+    whole = torch.nn.functional.conv1d(torch.nn.functional.pad(x, (k - 1, 0)), w, groups=C)
+    kept, outs = torch.zeros(1, C, k - 1), []
+    for t in range(S):
+        window = torch.cat([kept, x[:, :, t:t + 1]], dim=-1)               # [1, C, k]
+        outs.append(torch.nn.functional.conv1d(window, w, groups=C))
+        kept = window[:, :, 1:]
+    torch.testing.assert_close(torch.cat(outs, dim=-1), whole, rtol=0, atol=1e-6)
+    n = gated_deltanet_state_elements(2, 4, 8, 6, k)["conv"]
+    assert n == (2 * 2 * 8 + 4 * 6) * (k - 1) == kept.shape[-1] * (2 * 2 * 8 + 4 * 6)
+    with pytest.raises(ValueError, match="conv_inputs_kept"):
+        gated_deltanet_state_elements(2, 4, 8, 6, k, conv_inputs_kept=k + 1)
 
 
 def test_state_elements_rejects_bad_heads():

@@ -144,3 +144,19 @@ def test_non_str_still_type_error(tok):
     for call, name in _entry_points(tok).values():
         with pytest.raises(TypeError):
             call(b"ok")
+
+
+@pytest.mark.parametrize("char, n", [("丐", 2), ("丑", 2), ("丕", 2), ("龘", 3), ("😀", 4)])
+def test_an_unseen_character_takes_at_most_one_token_per_byte(tok, char, n):
+    """None of these is in the corpus. 丐, 丑 and 丕 begin with the bytes E4 B8 that 中, 东
+    and 上 share, a merge the corpus taught (one token), so they take 2 tokens for 3 bytes;
+    龘 and the emoji have no merged part and take one token per byte."""
+    from importlib import resources
+    corpus = (resources.files("tokenflow") / "data" / "corpus.txt").read_text(encoding="utf-8")
+    assert char not in corpus
+    ids = tok.encode(char)
+    assert len(ids) == n <= len(char.encode("utf-8"))
+    assert tok.decode(ids) == char
+    if n == 2:
+        assert tok.id_to_token(ids[0]) == "<0xE4><0xB8>" and all(
+            "中东上"[i].encode("utf-8")[:2] == b"\xe4\xb8" for i in range(3))

@@ -6,7 +6,10 @@ and the 256 possible byte values are the first entries of the vocabulary. Byte-p
 (Sennrich et al. 2016, arXiv:1508.07909; byte-level variant: Radford et al. 2019, GPT-2)
 then merges the most frequent adjacent pairs into longer tokens. So every string can be
 encoded and decoded back exactly: a character the corpus never showed (an emoji, a newline,
-a rare Chinese character) is simply spelled as its bytes, one token per byte.
+a rare Chinese character) is spelled with its bytes, at most one token per byte. Fewer when
+the corpus taught a merge of part of a character: many Chinese characters share a first
+byte pair (中, 东 and 上 begin E4 B8, token 266), so the unseen 丐 (E4 B8 90) takes 2 tokens,
+while 龘 (E9 BE 98), whose bytes no merge covers, takes 3.
 
 Real tokenizers first cut text into "words" (at spaces and punctuation) and merge only inside
 a word. Chinese has no spaces, so our pre-tokenizer also cuts around a short list of function
@@ -19,7 +22,8 @@ Token strings: inside the vocabulary a byte-level token is stored with each byte
 printable character (GPT-2's ``bytes_to_unicode`` table, e.g. 北 = bytes E5 8C 97 is stored as
 ``åĮĹ``). The book shows tokens as the text they stand for instead: :meth:`Tokenizer.id_to_token`
 and :meth:`Tokenizer.tokens` return the decoded text, or ``<0xE5>``-style byte names (as
-Llama's byte fallback writes them) when a token holds only part of a character.
+the byte-fallback tokens of Llama 1 and 2's SentencePiece vocabulary are named; Llama 3's
+byte-level BPE has no such tokens) when a token holds only part of a character.
 
 Special tokens: ``<pad>`` (0), ``<bos>`` (1), ``<eos>`` (2), ``<unk>`` (3, kept for
 compatibility; a byte-level tokenizer never needs it). Text is always just text: ``encode``

@@ -6,8 +6,9 @@ The K/V bytes of MHA / GQA / MQA, MLA and sliding windows are :mod:`tokenflow.an
 
 * the constant state of a **linear-attention layer**, Gated DeltaNet as in Qwen3-Next (Yang,
   Kautz and Hatamizadeh 2024, "Gated Delta Networks", arXiv:2412.06464; HF
-  ``Qwen3NextGatedDeltaNet``): a matrix ``[n_v, d_k, d_v]`` per sequence plus the last inputs
-  of a short causal convolution, the same size at 10 tokens or 1M;
+  ``Qwen3NextGatedDeltaNet``): a matrix ``[n_v, d_k, d_v]`` per sequence plus the last
+  ``k - 1`` inputs of a short causal convolution of width ``k``, the same size at 10 tokens
+  or 1M;
 * :class:`CacheLayout`, a model's layers grouped by what they keep, so a hybrid model (3
   Gated DeltaNet layers per full-attention layer) is one object;
 * :func:`gated_delta_rule`, the recurrence itself, token by token, so a chunked prefill can be
@@ -61,23 +62,26 @@ def with_kv_heads(config: ModelConfig, num_key_value_heads: int) -> ModelConfig:
 
 
 def gated_deltanet_state_elements(num_key_heads: int, num_value_heads: int, key_head_dim: int,
-                                  value_head_dim: int, conv_kernel_dim: int) -> dict:
+                                  value_head_dim: int, conv_kernel_dim: int,
+                                  conv_inputs_kept: int | None = None) -> dict:
     """Elements one sequence keeps in one Gated DeltaNet layer, whatever its length.
 
     ``recurrent``: the state matrix ``[n_v, d_k, d_v]`` (query/key heads are shared by
-    ``n_v / n_k`` value heads). ``conv``: the causal depthwise convolution over the q, k, v
-    channels ``2 * n_k * d_k + n_v * d_v`` keeps its last ``conv_kernel_dim`` inputs (HF
-    ``Qwen3NextDynamicCache`` keeps ``conv_kernel_dim`` columns; vLLM keeps one fewer).
-    HF names: ``linear_num_key_heads``, ``linear_num_value_heads``, ``linear_key_head_dim``,
-    ``linear_value_head_dim``, ``linear_conv_kernel_dim``.
+    ``n_v / n_k`` value heads). ``conv``: the causal depthwise convolution of width ``k =
+    conv_kernel_dim`` over the q, k, v channels ``2 * n_k * d_k + n_v * d_v`` needs the last
+    ``k - 1`` inputs to compute the next output (the new input is the ``k``-th), the default
+    of ``conv_inputs_kept`` and what vLLM keeps; HF ``Qwen3NextDynamicCache`` keeps ``k``
+    columns (pass ``conv_inputs_kept=conv_kernel_dim``). HF names: ``linear_num_key_heads``,
+    ``linear_num_value_heads``, ``linear_key_head_dim``, ``linear_value_head_dim``,
+    ``linear_conv_kernel_dim``.
 
     Returns:
         dict with ``recurrent``, ``conv`` and ``total`` (elements; times the state's bytes per
         element for bytes: HF keeps the recurrent state in float32, servers often in bf16).
 
     Raises:
-        ValueError: a count not an int >= 1, or ``num_value_heads`` not a multiple of
-            ``num_key_heads``.
+        ValueError: a count not an int >= 1, ``num_value_heads`` not a multiple of
+            ``num_key_heads``, or ``conv_inputs_kept`` outside ``[0, conv_kernel_dim]``.
     """
     for name, v in (("num_key_heads", num_key_heads), ("num_value_heads", num_value_heads),
                     ("key_head_dim", key_head_dim), ("value_head_dim", value_head_dim),
@@ -86,8 +90,12 @@ def gated_deltanet_state_elements(num_key_heads: int, num_value_heads: int, key_
     if num_value_heads % num_key_heads:
         raise ValueError(f"num_value_heads ({num_value_heads}) must be a multiple of "
                          f"num_key_heads ({num_key_heads})")
+    kept = conv_kernel_dim - 1 if conv_inputs_kept is None else conv_inputs_kept
+    if isinstance(kept, bool) or not isinstance(kept, int) or not 0 <= kept <= conv_kernel_dim:
+        raise ValueError(f"conv_inputs_kept must be an int in [0, conv_kernel_dim="
+                         f"{conv_kernel_dim}] or None, got {conv_inputs_kept!r}")
     recurrent = num_value_heads * key_head_dim * value_head_dim
-    conv = (2 * num_key_heads * key_head_dim + num_value_heads * value_head_dim) * conv_kernel_dim
+    conv = (2 * num_key_heads * key_head_dim + num_value_heads * value_head_dim) * kept
     return {"recurrent": recurrent, "conv": conv, "total": recurrent + conv}
 
 
