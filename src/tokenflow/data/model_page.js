@@ -45,8 +45,8 @@
     },
     zh: {
       model: "模型", hardware: "硬件", precision: "精度", batch: "批大小（序列数）",
-      context: "上下文（词元）", tp: "TP", ep: "EP", pasted: "粘贴的 config.json",
-      paste: "或者粘贴一个 config.json（Hugging Face 格式）并读取：", read: "读取这个配置",
+      context: "上下文（词元）", tp: "TP", ep: "EP", pasted: "输入的 config.json",
+      paste: "或者输入一个 config.json（Hugging Face 格式）并读取：", read: "读取这个配置",
       bf16: "全部 BF16", fp8: "FP8 权重和矩阵乘法，注意力和 KV 用 BF16（DeepSeek 的线上服务）",
       pipeline: "服务流水线（流水线视角）", block: "模型块视角：在预填充中运行（所有提示词词元一次算完），" +
         "也在每个解码步中运行（每个序列一个词元）",
@@ -67,7 +67,7 @@
       weightsRep: "复制的部分（归一化、路由器）", weights: "每块 GPU 的权重", kv: "每块 GPU 的 KV 缓存",
       used: "每块 GPU 的权重 + KV", budget: "可用显存（GPU 的 0.9）",
       maxBatch: "这个上下文下放得下的序列数", kvTok: "每个词元的 KV 字节数",
-      unsupported: "这个配置里有成本模型无法表达的字段（形状照常显示；计数拒绝给出，和 tokenflow " +
+      unsupported: "这个配置里有成本模型无法表达的字段（形状照常显示；不给出计数，和 tokenflow " +
         "的 Python 一样）：",
       error: "无法读取这个配置：", controlError: "这个设置不可行：",
       hwSource: "硬件数据来源", note: "这是上界，不是预测：真实内核只能达到峰值的一部分。" +

@@ -43,7 +43,11 @@ max_batch_size`'s default)."""
 
 
 def _js(name: str) -> str:
-    return (resources.files("tokenflow") / "data" / name).read_text(encoding="utf-8")
+    """A script of ``tokenflow/data``, ASCII only (other characters as ``\\uXXXX`` escapes,
+    which occur only in its string literals): the page's Chinese text is not figure text, and
+    scripts/build_fonts.py reads it from the file for the web font."""
+    text = (resources.files("tokenflow") / "data" / name).read_text(encoding="utf-8")
+    return text.encode("ascii", "backslashreplace").decode("ascii")
 
 
 def page_tables() -> dict:
@@ -223,6 +227,9 @@ class ModelPage:
             sources={n: refs[n]["config_source"] for n in refs},
             default=dict(model=default, hardware=hardware, precision=precision, batch=batch,
                          context=context, tp=tp, ep=ep))
+
+    def __repr__(self) -> str:
+        return f"ModelPage(default={self.data['default']['model']!r})"
 
     def _repr_html_(self) -> str:
         data = json.dumps(self.data, sort_keys=True).replace("</", "<\\/")
