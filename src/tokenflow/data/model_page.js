@@ -106,6 +106,8 @@
     var L = (document.documentElement.lang || "en").toLowerCase().indexOf("zh") === 0 ?
         S.zh : S.en;
     TF.T = data.tables;
+    var still = root.querySelector(".tf-mp-static");
+    if (still) still.style.display = "none";          // the live page replaces it
     var d0 = data["default"], names = Object.keys(data.models);
     var state = {pasted: null};
 

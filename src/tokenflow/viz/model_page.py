@@ -228,6 +228,45 @@ class ModelPage:
             default=dict(model=default, hardware=hardware, precision=precision, batch=batch,
                          context=context, tp=tp, ep=ep))
 
+    def summary_table(self):
+        """The default setting's numbers at their stages as a :class:`~tokenflow.viz.Table`
+        (what the page shows before its script runs, and chapter 7's slide). A config the cost
+        model cannot count gives its shapes only."""
+        from tokenflow.model.config import ModelConfig
+        from tokenflow.model.hf_config import parse_hf_config
+        from .fmt import Table
+        d = self.data["default"]
+        c = ModelConfig(**parse_hf_config(self.data["models"][d["model"]],
+                                          allow_unsupported=True))
+        moe = sum(c.layer_is_moe(i) for i in range(c.num_hidden_layers))
+        ffn = (f"{c.num_experts_per_tok} of {c.num_experts} routed"
+               + (f" + {c.num_shared_experts} shared" if c.num_shared_experts else "")
+               + f"; {moe} MoE + {c.num_hidden_layers - moe} dense layers"
+               if c.num_experts else f"dense FFN, I = {c.intermediate_size:,}")
+        rows = [["block: embedding -> every layer", "hidden_size H", f"{c.hidden_size:,}"],
+                ["block: FFN / MoE", "experts per token", ffn],
+                ["block: LM head -> pipeline: sampling", "vocab logits", f"{c.vocab_size:,}"]]
+        if not c.unsupported_fields:
+            r = page_numbers(c, d["hardware"], d["precision"], d["batch"], d["context"],
+                             d["tp"], d["ep"])
+            names = {"scale_out": "InfiniBand", "scale_up": "NVLink"}
+            rows[1:1] = [["block: attention + KV", "KV bytes per token",
+                          fmt_si(r["kv_bytes_per_token"], "B")]]
+            rows += [["whole model", "parameters total / active per token",
+                      f"{fmt_si(r['params_total'])} / {fmt_si(r['params_active'])}"],
+                     ["pipeline: KV cache", f"{d['batch']} x {d['context']:,} tokens per GPU",
+                      fmt_si(r["kv_cache"], "B")],
+                     ["per GPU", "weights + KV / memory for them",
+                      f"{fmt_si(r['memory_used'], 'B')} / {fmt_si(r['memory_budget'], 'B')}"]]
+            rows += [[f"pipeline: {ph if ph == 'prefill' else 'decode loop'}",
+                      "roofline tokens/s per GPU, binding",
+                      f"{fmt_si(r[ph + '_tokens_per_s'], 'tok/s')}, "
+                      f"{names.get(r[ph + '_binding'], r[ph + '_binding'])}"]
+                     for ph in ("prefill", "decode")]
+        return Table(rows, ["stage", "number", "value"],
+                     title=f"{d['model']} on the model page ({d['hardware']}, "
+                           f"{d['precision']}, TP{d['tp']}, EP{d['ep']})")
+
     def __repr__(self) -> str:
         return f"ModelPage(default={self.data['default']['model']!r})"
 
@@ -235,7 +274,7 @@ class ModelPage:
         data = json.dumps(self.data, sort_keys=True).replace("</", "<\\/")
         return ('<div class="tf-model-page">'
                 f'<style>{_CSS}</style>'
-                '<noscript>The model page needs JavaScript.</noscript>'
+                f'<div class="tf-mp-static">{self.summary_table()._repr_html_()}</div>'
                 f'<script type="application/json" class="tf-mp-data">{data}</script>'
                 f'<script>{_js("model_page_calc.js")}</script>'
                 f'<script>{_js("model_page.js")}</script></div>')
