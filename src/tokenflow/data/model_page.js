@@ -34,7 +34,8 @@
       error: "This config cannot be read: ", controlError: "This setting is not possible: ",
       hwSource: "hardware source", note: "A bound, not a prediction: real kernels reach a " +
         "fraction of peak. Tokens/s: new tokens of the step / max(compute, memory, comm).",
-      kinds: {MHA: "MHA", GQA: "GQA", MQA: "MQA", MLA: "MLA (latent KV)"},
+      kinds: {MHA: "MHA", GQA: "GQA", MQA: "MQA", MLA: "MLA (latent KV)",
+              linear: "linear-attention layers (not modelled)"},
       paths: "decode: every pair off the GPU point to point over InfiniBand; prefill: " +
         "once over InfiniBand per node reached, then NVLink (DeepSeek-V3 report 3.4)",
       groups: "expert groups per token (group-limited routing)",
@@ -72,7 +73,8 @@
       error: "无法读取这个配置：", controlError: "这个设置不可行：",
       hwSource: "硬件数据来源", note: "这是上界，不是预测：真实内核只能达到峰值的一部分。" +
         "每秒词元数 = 这一步的新词元数 / max(计算, 显存, 通信)。",
-      kinds: {MHA: "MHA", GQA: "GQA", MQA: "MQA", MLA: "MLA（潜在 KV）"},
+      kinds: {MHA: "MHA", GQA: "GQA", MQA: "MQA", MLA: "MLA（潜在 KV）",
+              linear: "线性注意力层（未建模）"},
       paths: "解码：每个不在本 GPU 上的 (词元, 专家) 对经 InfiniBand 点对点发送；预填充：" +
         "每到一个节点经 InfiniBand 发一次，再走 NVLink（DeepSeek-V3 报告 3.4 节）",
       groups: "个专家组（分组限制路由）",
@@ -95,6 +97,10 @@
   function num(key, text) { return el("span", {cls: "tf-mp-num", "data-k": key, text: text}); }
 
   function attentionKind(c, L) {
+    var linear = c.unsupported_fields.some(function (f) { return f.indexOf("linear_") === 0; });
+    return baseKind(c, L) + (linear ? " + " + L.kinds.linear : "");
+  }
+  function baseKind(c, L) {
     if (c.kv_lora_rank !== null) return L.kinds.MLA;
     if (c.num_key_value_heads === c.num_attention_heads) return L.kinds.MHA;
     if (c.num_key_value_heads === 1) return L.kinds.MQA;

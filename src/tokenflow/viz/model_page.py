@@ -11,6 +11,15 @@ The browser code (``data/model_page_calc.js``) follows the Python definitions fu
 :func:`tokenflow.analysis.roofline.roofline`. :func:`page_numbers` is what the page shows,
 computed by those Python functions; ``tests/test_model_page.py`` runs the JavaScript under node
 and requires the same values and the same printed text (:func:`fmt_si`, :func:`fmt_time`).
+
+Against the two public tools that compute such numbers: from LLM-Viewer (Yuan et al. 2024,
+arXiv:2402.16363; its roofline table per layer) the page takes each phase's arithmetic
+intensity next to the hardware's ridge point, and weights + KV per device; it leaves out the
+per-operator table and its quantization and FlashAttention switches. From InferSim
+(tokens/GPU/s from FLOPs, bandwidths and MFU measured on kernels) it takes tokens/s per GPU
+and DeepEP's two all-to-all modes (the roofline's prefill / decode paths); it leaves out the
+measured MFU: the page is a bound at peak, and chapter 7 holds it against DeepSeek's
+published throughput instead.
 """
 from __future__ import annotations
 
