@@ -210,7 +210,7 @@ def test_roofline_summary_charges_attention_at_bf16_like_chapter_7s_table():
     s = roofline_summary(ds, "H800", "decode", 88, 4989, ep_size=128)
     r = roofline(ds, hardware("H800"), "decode", 88, 4989, ep_size=128, dtype="fp8",
                  attention_dtype="bf16", bytes_per_param=1, kv_bytes_per_element=2,
-                 max_nodes_per_token=4, dispatch_bytes_per_element=1,
+                 dispatch_bytes_per_element=1,
                  combine_bytes_per_element=2)
     assert s["compute_s"] == pytest.approx(r["compute_s"], rel=1e-12)
     assert s["attention_dtype"] == "bf16" and "attention bf16" in roofline_table(s).title

@@ -256,7 +256,7 @@ def _deepseek_step(phase):
     batch, ep = (88, 128) if phase == "decode" else (1, 32)
     return ds, batch, roofline(ds, hardware("H800"), phase, batch, 4989, ep_size=ep,
                                dtype="fp8", attention_dtype="bf16", bytes_per_param=1,
-                               kv_bytes_per_element=2, max_nodes_per_token=4,
+                               kv_bytes_per_element=2,
                                dispatch_bytes_per_element=1, combine_bytes_per_element=2)
 
 

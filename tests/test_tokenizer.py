@@ -146,11 +146,12 @@ def test_non_str_still_type_error(tok):
             call(b"ok")
 
 
-@pytest.mark.parametrize("char, n", [("丐", 2), ("丑", 2), ("丕", 2), ("龘", 3), ("😀", 4)])
+@pytest.mark.parametrize("char, n", [("丐", 2), ("丑", 2), ("丕", 2), ("专", 2),
+                                     ("龘", 3), ("键", 3), ("😀", 4)])
 def test_an_unseen_character_takes_at_most_one_token_per_byte(tok, char, n):
-    """None of these is in the corpus. 丐, 丑 and 丕 begin with the bytes E4 B8 that 中, 东
+    """None of these is in the corpus. 丐, 丑, 丕 and 专 begin with the bytes E4 B8 that 中, 东
     and 上 share, a merge the corpus taught (one token), so they take 2 tokens for 3 bytes;
-    龘 and the emoji have no merged part and take one token per byte."""
+    龘, 键 and the emoji have no merged part and take one token per byte."""
     from importlib import resources
     corpus = (resources.files("tokenflow") / "data" / "corpus.txt").read_text(encoding="utf-8")
     assert char not in corpus

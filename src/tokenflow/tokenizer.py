@@ -8,8 +8,8 @@ then merges the most frequent adjacent pairs into longer tokens. So every string
 encoded and decoded back exactly: a character the corpus never showed (an emoji, a newline,
 a rare Chinese character) is spelled with its bytes, at most one token per byte. Fewer when
 the corpus taught a merge of part of a character: many Chinese characters share a first
-byte pair (中, 东 and 上 begin E4 B8, token 266), so the unseen 丐 (E4 B8 90) takes 2 tokens,
-while 龘 (E9 BE 98), whose bytes no merge covers, takes 3.
+byte pair (中, 东 and 上 begin E4 B8, token 266), so the unseen 专 (E4 B8 93) takes 2 tokens,
+while 键 (E9 94 AE), whose bytes no merge covers, takes 3.
 
 Real tokenizers first cut text into "words" (at spaces and punctuation) and merge only inside
 a word. Chinese has no spaces, so our pre-tokenizer also cuts around a short list of function
