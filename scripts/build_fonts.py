@@ -119,12 +119,14 @@ def _theme_messages() -> str:
 
 def web_characters(root: Path = ROOT) -> set[str]:
     """The CJK characters (:data:`WEB_RANGES`) the Chinese edition's pages can show: its
-    catalogs, the book's pages, the notebooks (whose code and outputs are not translated) and
-    the Chinese interface strings of Sphinx and the themes."""
+    catalogs, the book's pages, the notebooks (whose code and outputs are not translated), the
+    model page's Chinese text (``tokenflow/data/model_page.js``, stored in the notebook as
+    ``\\u`` escapes) and the Chinese interface strings of Sphinx and the themes."""
     paths = sorted(glob.glob(str(root / "locale" / "zh_CN" / "**" / "*.po"), recursive=True))
     paths += sorted(glob.glob(str(root / "book" / "*.md")))
     paths += sorted(glob.glob(str(root / "notebooks" / "*.ipynb")))
     paths += [root / "_config.yml", root / "_toc.yml", root / "scripts" / "tokenflow_i18n.py"]
+    paths += [root / "src" / "tokenflow" / "data" / "model_page.js"]   # its zh text, escaped
     text = _text_of(p for p in paths if Path(p).exists()) + _theme_messages()
     text += "".join(figure_characters(root))
     return {c for c in set(text) if _in(WEB_RANGES, c)}

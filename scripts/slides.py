@@ -252,6 +252,13 @@ def _figure(mime: str, data, caption: str) -> str:
     return (f'<figure><img src="data:{mime};base64,{b64}" alt="{alt}">{cap}</figure>')
 
 
+def _static_part(html_text: str) -> str:
+    """The table of an output; for the model page (``tokenflow.viz.model_page``), only its
+    stored summary table, without the page's scripts."""
+    m = re.search(r'<div class="tf-mp-static">(.*?)</div><script', html_text, re.S)
+    return m.group(1) if m else html_text
+
+
 def cell_slides(cells: list, i: int, title: str, prose: Prose) -> list[Slide]:
     """The slides of the code cell ``i`` (tagged ``slide``), under the heading ``title``.
 
@@ -267,7 +274,7 @@ def cell_slides(cells: list, i: int, title: str, prose: Prose) -> list[Slide]:
             Slide("figure", title, _figure(mime, data, caption if k == len(figures) - 1 else ""))
             for k, (mime, data) in enumerate(figures)
         ]
-    tables = [_text(o["data"]["text/html"]) for o in outputs
+    tables = [_static_part(_text(o["data"]["text/html"])) for o in outputs
               if 'class="tf-table"' in _text(o.get("data", {}).get("text/html", ""))]
     if tables:
         return [Slide("table", title, f'<div class="table">{t}</div>') for t in tables]

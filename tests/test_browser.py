@@ -354,3 +354,26 @@ def test_pages_print_on_a4(browser, book_html_dir):
     assert report["fonts"] and all(report["fonts"].values()), report["fonts"]
     for words in ("北京是中国的首", "Attention and the KV cache", "licensed under CC BY 4.0"):
         assert words in " ".join(report["text"].split()), words
+
+
+def model_page_in_book(tab, base: str, path: str) -> dict:
+    """Chapter 7 of a built edition: its model page drawn, the default setting's numbers
+    (DeepSeek-V3 on an H800, FP8, 64 x 4,096, EP32) as the Python prints them, no console
+    error; returns the shown numbers by key."""
+    from tokenflow.analysis.costmodel import reference_config
+    from tokenflow.viz.model_page import fmt_si, page_numbers
+    page, log = tab.open(base, path)
+    assert page.locator(".tf-model-page[data-mounted]").count() == 1, f"{path}: no model page"
+    shown = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll(
+        '.tf-model-page [data-k]')].map(e => [e.dataset.k, e.textContent]))""")
+    r = page_numbers(reference_config("DeepSeek-V3"), "H800", "fp8", 64, 4096, 1, 32)
+    for k, unit in (("weights", "B"), ("kv_cache", "B"), ("params_total", ""),
+                    ("decode_tokens_per_s", "tok/s"), ("prefill_tokens_per_s", "tok/s")):
+        assert shown[k] == fmt_si(r[k], unit), f"{path}: {k} {shown[k]!r}"
+    assert shown["vocab_logits"] == "129,280" and not log["errors"] and not log["blocked"], log
+    return shown
+
+
+def test_chapter_7_opens_on_the_model_page(tab, server):
+    shown = model_page_in_book(tab, server, "notebooks/07_simulator_lenses.html")
+    assert shown["decode_binding"] in ("memory", "compute", "InfiniBand", "NVLink")

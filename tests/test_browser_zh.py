@@ -70,3 +70,9 @@ def test_the_chinese_book_prints_on_a4_with_its_glyphs(browser, zh_html_dir):
     assert report["fonts"] and all(report["fonts"].values()), report["fonts"]
     for words in ("北京是中国的首", "词元", "注意力与 KV 缓存", "本书正文与插图"):
         assert words in " ".join(report["text"].split()), words
+
+
+def test_the_chinese_chapter_7_model_page_speaks_chinese(tab, server, zh_html_dir):
+    from test_browser import model_page_in_book
+    shown = model_page_in_book(tab, server, "zh/notebooks/07_simulator_lenses.html")
+    assert shown["decode_binding"] in ("显存", "计算", "InfiniBand", "NVLink")

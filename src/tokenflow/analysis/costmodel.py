@@ -17,7 +17,7 @@ __all__ = ["param_breakdown", "active_param_breakdown", "param_count", "active_p
            "kv_cache_bytes_per_token", "kv_cache_bytes", "mla_kv_cache_bytes_per_token",
            "mla_decode_attention_costs", "weight_bytes_per_device", "max_batch_size",
            "lm_head_flops", "BYTES", "reference_models", "reference_config",
-           "reference_value_unverified"]
+           "reference_value_unverified", "reference_hf_config"]
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 """Bytes per element of common dtypes."""
@@ -428,6 +428,19 @@ def reference_config(name: str) -> ModelConfig:
     Raises:
         ValueError: if ``name`` is not bundled.
     """
+    return ModelConfig.from_hf_config(reference_hf_config(name), allow_unsupported=True,
+                                      name=name)
+
+
+def reference_hf_config(name: str) -> dict:
+    """The HF ``config.json`` dict :func:`reference_config` reads for a bundled model: the
+    ``models.json`` entry's config with annotated text values read as their leading number or
+    boolean (text without one is left out) and ``model_type`` from :data:`_REFERENCE_FAMILY`
+    where the entry has none.
+
+    Raises:
+        ValueError: if ``name`` is not bundled.
+    """
     models = reference_models()
     if name not in models:
         raise ValueError(f"name must be one of {sorted(models)}, got {name!r}")
@@ -442,7 +455,7 @@ def reference_config(name: str) -> ModelConfig:
                 "True", "False") else (float(m.group(1)) if "." in m.group(1) else int(m.group(1)))
         hf[k] = v
     hf.setdefault("model_type", _REFERENCE_FAMILY.get(name))
-    return ModelConfig.from_hf_config(hf, allow_unsupported=True, name=name)
+    return hf
 
 
 _REFERENCE_FAMILY = {"GPT-3-175B": "gpt2"}
