@@ -13,7 +13,8 @@ matplotlib.use("Agg")
 
 from tokenflow.serving import (BlockManager, LLMEngine, SamplingParams,  # noqa: E402
                                request_timeline, run_with_arrivals)
-from tokenflow.viz import (block_table_figure, block_table_rows, chunked_prefill_sentence,  # noqa: E402
+from tokenflow.viz import (block_table_figure, block_table_rows, block_table_sentence,  # noqa: E402
+                           chunked_prefill_sentence, kv_slot_sentence,
                            explore, kv_slot_table, kv_slot_usage, moe_routing_static,
                            serving_counts, serving_static, trace_shapes_static)
 from conftest import random_model  # noqa: E402
@@ -106,6 +107,10 @@ def test_block_table_rows_are_the_block_managers_state():
     assert all(x["shared"] == (x["logical"] < 2) for x in rows)
     assert all(x["ref_count"] == eng.block_manager.blocks[x["physical"]].ref_count for x in rows)
     block_table_figure(eng.block_manager, running)
+    # 2 requests, 3 logical blocks each, 4 physical: blocks t0[:2] shared twice
+    assert block_table_sentence(eng.block_manager, running) == (
+        f"2 requests hold 4 physical blocks for 6 logical ones; blocks {sorted(t0[:2])} are "
+        "shared, reference count 2.")
     bm = BlockManager(4, 4)
     with pytest.raises(ValueError, match="holds no blocks"):
         block_table_rows(bm, [_req("a", 3, [])])
@@ -131,6 +136,11 @@ def test_kv_slot_usage_counts_by_hand():
     assert u["used_total"] == 26 and u["contiguous_total"] == 128 and u["paged_total"] == 32
     t = kv_slot_table(u)
     assert t.rows[0][2] == 128 and t.rows[0][4] == 102 and t.rows[1][4] == 6
+    # 128 / 26 = 4.9x (20% used); 32 / 26 = 1.23x (81% used); busiest 32 of a 32-slot pool
+    assert kv_slot_sentence(u) == (
+        "Over the run a contiguous reservation of 32 slots per request would hold 4.9x the "
+        "slot-steps the K/V fills (20% used); the paged blocks hold 1.23x (81% used). At the "
+        "busiest step the reservation needs 32 slots, the pool has 32.")
     with pytest.raises(ValueError, match="reserve_len"):
         kv_slot_usage(eng.steps, [], 8, 4, 0)
 

@@ -58,8 +58,8 @@ from .serving import (phase_times_plot, decode_batch_plot, arithmetic_intensity_
                       chunked_prefill_sentence,
                       timeline_view, serving_summary_table, serving_static, workload_summary,
                       step_table, batching_table, batching_times_table)
-from .paging import (block_table_rows, block_table_figure, kv_slot_usage, kv_slot_figure,
-                     kv_slot_table)
+from .paging import (block_table_rows, block_table_figure, block_table_sentence,
+                     kv_slot_usage, kv_slot_figure, kv_slot_table, kv_slot_sentence)
 from .packing import (step_layout, packed_step_figure, mark_preemptions, packing_table,
                       packing_summary, preemption_report)
 from .peer import peer_table, peer_summary, counterparts_table

@@ -16,8 +16,8 @@ import matplotlib.pyplot as plt
 from .style import column_figsize, MIN_FONT_PT
 from tokenflow.analysis.trace import COLORS
 
-__all__ = ["block_table_rows", "block_table_figure", "kv_slot_usage", "kv_slot_figure",
-           "kv_slot_table"]
+__all__ = ["block_table_rows", "block_table_figure", "block_table_sentence", "kv_slot_usage",
+           "kv_slot_figure", "kv_slot_table", "kv_slot_sentence"]
 
 _WAIT = "#c8c8c8"
 
@@ -127,7 +127,7 @@ def kv_slot_usage(steps, timelines, num_blocks: int, block_size: int,
     Returns:
         dict of per-step lists ``step``, ``running``, ``used``, ``paged``, ``contiguous``; the
         totals over the run in slot-steps ``used_total``, ``paged_total``,
-        ``contiguous_total``; and ``pool_slots``.
+        ``contiguous_total``; ``pool_slots`` and ``reserve_len``.
 
     Raises:
         ValueError: empty ``steps``, a bad size, or a step that preempts (a preempted request
@@ -158,6 +158,7 @@ def kv_slot_usage(steps, timelines, num_blocks: int, block_size: int,
     for k in ("used", "paged", "contiguous"):
         out[f"{k}_total"] = sum(out[k])
     out["pool_slots"] = num_blocks * block_size
+    out["reserve_len"] = reserve_len
     return out
 
 
@@ -195,3 +196,29 @@ def kv_slot_table(usage: dict):
                             ("paged blocks", "paged"), ("K/V written", "used"))]
     return Table(rows, ["KV memory", "slots, busiest step", "slot-steps", "share used",
                         "slot-steps unused"], digits=[0, 0, 0, 2, 0], align="<>>>>")
+
+
+def block_table_sentence(block_manager, requests) -> str:
+    """One sentence on :func:`block_table_rows`: requests, physical vs logical blocks, the
+    shared blocks and their reference count (the first shared block's)."""
+    rows = block_table_rows(block_manager, requests)
+    shared = sorted({r["physical"] for r in rows if r["shared"]})
+    physical = len({r["physical"] for r in rows})
+    text = (f"{len(requests)} requests hold {physical} physical blocks for {len(rows)} "
+            f"logical ones")
+    if not shared:
+        return text + "; no block is shared."
+    return (text + f"; blocks {shared} are shared, reference count "
+            f"{block_manager.blocks[shared[0]].ref_count}.")
+
+
+def kv_slot_sentence(usage: dict) -> str:
+    """The run's totals of :func:`kv_slot_usage` in words: how many times the slot-steps the
+    K/V fills a contiguous reservation and the paged blocks hold, and the busiest step's
+    reservation against the pool."""
+    used, cont, paged = usage["used_total"], usage["contiguous_total"], usage["paged_total"]
+    return (f"Over the run a contiguous reservation of {usage['reserve_len']} slots per request "
+            f"would hold {cont / used:.1f}x the slot-steps the K/V fills ({used / cont:.0%} "
+            f"used); the paged blocks hold {paged / used:.2f}x ({used / paged:.0%} used). At the "
+            f"busiest step the reservation needs {max(usage['contiguous'])} slots, the pool has "
+            f"{usage['pool_slots']}.")
