@@ -4,6 +4,7 @@ The chapters import what they show from here (``from tokenflow.viz import ...``)
 is split by topic, one module per chapter theme:
 
 =================  ===========================================================
+``lang``           :func:`set_language` and :func:`tr`: the viz layer's words in Chinese
 ``fmt``            text helpers: :class:`Table`, :func:`say`, :func:`format_bytes`, widths,
                    :func:`agree` (agreement printed as a claim with its tolerance)
 ``static``         :func:`precomputed_explorer`: sliders that work without a kernel
@@ -27,6 +28,7 @@ Layering (checked by ``tests/test_layering.py``): nothing outside this package i
 it imports the model, inference, serving, parallel and analysis code it draws. matplotlib
 and ipywidgets load with it.
 """
+from .lang import set_language, language, tr
 from .fmt import (display_width, pad, format_bytes, say, Table, agree, Agreement)
 from .static import (precomputed_explorer, PrecomputedExplorer, MAX_OUTPUTS, MAX_HTML_BYTES)
 from .style import (setup_notebook, use_book_font)
@@ -63,7 +65,8 @@ from .roofline import (lens_bars, roofline_summary, roofline_bars, roofline_pane
                        roofline_explorer, roofline_table, roofline_static)
 from .recap import line_figure
 
-__all__ = ["display_width", "pad", "format_bytes", "say", "Table", "agree", "Agreement",
+__all__ = ["set_language", "language", "tr",
+           "display_width", "pad", "format_bytes", "say", "Table", "agree", "Agreement",
            "precomputed_explorer",
            "PrecomputedExplorer", "MAX_OUTPUTS", "MAX_HTML_BYTES", "setup_notebook",
            "use_book_font",
