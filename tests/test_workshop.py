@@ -218,10 +218,9 @@ def test_timetables_add_up():
     """The three timetables of book/workshop.md: each row starts when the one before ends,
     the last row ('end') at the sum; the 'Total' line states the sums of sessions and breaks;
     each chapter session holds its diagram time, the notebook's measured run time (rounded up
-    to a minute)
-    and its exercises (no more than the chapter has); the run-time column is the measured one;
-    the half day covers chapters 0 to 4 in order (the later ones build on them), the serving
-    half day chapters 0, 2, 4 and 5, the full day every chapter."""
+    to a minute) and its exercises (no more than the chapter has); the run-time column is the
+    measured one; the half day covers chapters 0 to 4 in order (the later ones build on them),
+    the serving half day chapters 0, 2, 4 and 5, the full day every chapter."""
     measured = json.loads(RUN_TIMES.read_text(encoding="utf-8"))["seconds"]
     assert set(measured) == {p.stem for p in NOTEBOOKS}
     exercises = {p.stem: sum(fold_solutions.is_solution(c) and c["cell_type"] == "code"

@@ -48,7 +48,8 @@ def test_zh_notebook_keeps_the_code_and_translates_the_prose(path):
     markdown cell of the English that has letters has Chinese, every code cell executed."""
     en = json.loads(path.read_text(encoding="utf-8"))["cells"]
     zh = json.loads((zh_notebooks.ZH / path.name).read_text(encoding="utf-8"))["cells"]
-    assert zh[1]["id"] == zh_notebooks.LANGUAGE_CELL_ID and "remove-cell" in zh[1]["metadata"]["tags"]
+    assert zh[1]["id"] == zh_notebooks.LANGUAGE_CELL_ID
+    assert "remove-cell" in zh[1]["metadata"]["tags"]
     del zh[1]
     assert [c["cell_type"] for c in en] == [c["cell_type"] for c in zh]
     for e, z in zip(en, zh):
