@@ -42,7 +42,7 @@ FOLDED = {
            r"answer \(click to show it\)\.",
            "Write each answer in the empty `# your answer` cell under its exercise; the "
            "solutions are in the instructor's copy (the book's chapter)."),
-    "zh": (r"答案默认折叠；每个答案后面都有一个隐藏的单元格，用代码算出答案（点击即可显示）。",
+    "zh": (r"答案(?:默认|已)折叠；每个答案后面都有一个隐藏的单元格[^。]*（点击即可显示）。",
            "把答案写在每道练习下面空的 `# your answer` 单元格里；"
            "答案在讲师的版本里（本书的这一章）。"),
 }

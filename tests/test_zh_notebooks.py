@@ -140,8 +140,9 @@ def test_zh_participant_notebooks(tmp_path):
     hold, in Chinese; an unknown language is refused."""
     written = participant_notebooks.write_all(tmp_path, lang="zh")
     assert len(written) == len(CHAPTERS)
-    text = json.dumps(json.loads(written[0].read_text(encoding="utf-8")), ensure_ascii=False)
-    assert "学员版" in text and "答案默认折叠" not in text
-    assert "`# your answer` 单元格里" in text
+    for path in written:
+        text = json.dumps(json.loads(path.read_text(encoding="utf-8")), ensure_ascii=False)
+        assert "学员版" in text and "隐藏的单元格" not in text, path.name
+        assert "`# your answer` 单元格里" in text, path.name
     with pytest.raises(ValueError, match="lang must be one of"):
         participant_notebooks.participant({"cells": []}, lang="fr")
