@@ -238,25 +238,31 @@ def test_handout_prints_on_a4(page, book_html_dir, zh_html_dir):
 
 def pdf_problems(pdf: Path, edition: str) -> list[str]:
     """What a printed handout lacks: the cheat sheet's numbers (12,288, 129,280, 6 of 384, as
-    models.json gives them), the diagram's first label, and for ``zh`` Chinese text drawn with
-    an embedded CJK font."""
+    models.json gives them), the diagram's first label, every font embedded (Chromium draws
+    the inline web font as Type 3 glyph procedures, the others as embedded font files), and
+    for ``zh`` Chinese text that reads back as Chinese (the fonts map glyphs to Unicode)."""
     from pypdf import PdfReader
     reader = PdfReader(str(pdf))
-    text = "\n".join(p.extract_text() or "" for p in reader.pages[:KIT_SHEETS])
+    text = " ".join("\n".join(p.extract_text() or "" for p in reader.pages[:KIT_SHEETS]).split())
     models = json.loads((ROOT / "src" / "tokenflow" / "data" / "models.json")
                         .read_text(encoding="utf-8"))["models"]
     cfg = {k: v.get("config", v) for k, v in models.items()}
     moe = next(c for c in cfg.values() if c.get("n_routed_experts") == 384)
     want = [f"{cfg['GPT-3-175B']['hidden_size']:,}", f"{cfg['DeepSeek-V3']['vocab_size']:,}",
             ("384 选 6" if edition == "zh" else f"{moe['num_experts_per_tok']} of 384"),
-            ("词元" if edition == "zh" else "token id")]
+            ("速查表" if edition == "zh" else "cheat sheet")]
     problems = [f"PDF text lacks {w!r}" for w in want if w not in text]
-    fonts = set()
-    for p in reader.pages[:KIT_SHEETS]:
-        for f in (p["/Resources"].get("/Font") or {}).values():
-            fonts.add(str(f.get_object().get("/BaseFont")))
-    if edition == "zh" and not any("CJK" in f for f in fonts):
-        problems.append(f"no embedded CJK font on the kit pages: {sorted(fonts)}")
+    for i, p in enumerate(reader.pages[:KIT_SHEETS]):
+        for name, f in (p["/Resources"].get("/Font") or {}).items():
+            f = f.get_object()
+            fonts = [d.get_object() for d in f.get("/DescendantFonts", [])] or [f]
+            embedded = all("/CharProcs" in g or any(
+                k in (g.get("/FontDescriptor") or {}) for k in
+                ("/FontFile", "/FontFile2", "/FontFile3")) for g in fonts)
+            if not embedded:
+                problems.append(f"page {i + 1}: font {name} ({f.get('/BaseFont')}) not embedded")
+    if edition == "zh" and len(CJK.findall(text)) < 200:
+        problems.append(f"{len(CJK.findall(text))} Chinese characters read back from the kit")
     return problems
 
 
