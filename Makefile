@@ -4,6 +4,8 @@
 #   make test   unit tests + nbval on every notebook + strict book build
 #   make lab    JupyterLab on notebooks/
 #   make participant  notebooks for a workshop's participants -> _build/participant/
+#               (LANG=zh: the Chinese ones -> _build/participant-zh/)
+#   make zh-notebooks  the Chinese notebooks notebooks/zh/ from notebooks/ + the catalogs, run
 #   make dist   the built HTML book (both editions) as one archive -> _build/tokenflow-book.zip
 #   make handout  every chapter's slides on A4, both editions -> _build/handout/*.pdf (Chromium)
 # A fresh machine needs Python 3.11, 3.12 or 3.13 (PYTHON=python3.12 picks one), git, make and
@@ -11,6 +13,9 @@
 # finds or installs itself (target `chromium`).
 
 SHELL := /bin/bash
+# The edition a workshop target works in: `make participant LANG=zh`, `make lab LANG=zh`. Only a
+# LANG given on the command line counts (the environment's LANG is the locale, e.g. C.UTF-8).
+EDITION := $(if $(and $(filter command line,$(origin LANG)),$(filter zh zh_CN zh-CN,$(LANG))),zh,en)
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 
@@ -36,7 +41,7 @@ TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: help venv setup book widget-js chromium test lab clean distclean participant dist handout
-.PHONY: pdf
+.PHONY: pdf zh-notebooks zh-notebooks-check
 .PHONY: book-zh i18n-update i18n-check lock lint vllm vllm-test
 
 help:
@@ -45,6 +50,9 @@ help:
 	@echo "make lint   ruff check (settings: pyproject.toml [tool.ruff]); CI runs it before the tests"
 	@echo "make lab    start JupyterLab on notebooks/"
 	@echo "make participant  participant notebooks (outputs cleared, solutions left out) -> _build/participant/"
+	@echo "            make participant LANG=zh: the Chinese ones -> _build/participant-zh/"
+	@echo "make zh-notebooks  write and run notebooks/zh/*.ipynb (English notebooks + zh catalogs)"
+	@echo "make lab    JupyterLab on notebooks/ (LANG=zh: on notebooks/zh/)"
 	@echo "make dist   build the book and pack it as _build/tokenflow-book.zip (readers need no node)"
 	@echo "make handout  build the book, print every chapter's slides on A4 -> _build/handout/*.pdf (Chromium)"
 	@echo "make pdf    build the book, print it whole on A4, one PDF per edition -> _build/html{,/zh}/tokenflow.pdf"
@@ -186,7 +194,17 @@ vllm-test: $(STAMP) $(VLLM_STAMP)
 # --- workshop [W1] (book/workshop.md) ---------------------------------------------------------
 # Participant notebooks: outputs cleared, solutions left out; the instructor keeps notebooks/.
 participant: $(STAMP)
-	$(VPY) scripts/participant_notebooks.py _build/participant
+	$(VPY) scripts/participant_notebooks.py --lang $(EDITION)
+
+# The Chinese notebooks: notebooks/zh/NN_*.ipynb, each chapter's markdown translated with its
+# catalog (locale/zh_CN/LC_MESSAGES/notebooks/NN_*.po), the same code, run with the figures'
+# and conclusions' words in Chinese (scripts/zh_notebooks.py). Run after every change to an
+# English notebook or a notebook catalog; zh-notebooks-check says whether they are current.
+zh-notebooks: $(STAMP)
+	$(VPY) scripts/zh_notebooks.py build
+
+zh-notebooks-check: $(STAMP)
+	$(VPY) scripts/zh_notebooks.py check
 
 # Slides: `make book` writes a deck per chapter to _build/html/slides/NN.html (and zh/slides/),
 # scripts/slides.py running as a Sphinx extension. The handout: both editions' slides/handout.html
@@ -234,7 +252,7 @@ lab: $(STAMP)
 	JUPYTERLAB_SETTINGS_DIR=$${JUPYTERLAB_SETTINGS_DIR:-$$user/lab/user-settings} \
 	JUPYTERLAB_WORKSPACES_DIR=$${JUPYTERLAB_WORKSPACES_DIR:-$$user/lab/workspaces} \
 	JUPYTER_CONFIG_DIR=$(LAB_CONFIG) \
-	$(VENV)/bin/jupyter lab --LabApp.custom_css=True --ServerApp.root_dir=notebooks $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --LabApp.custom_css=True --ServerApp.root_dir=notebooks$(if $(filter zh,$(EDITION)),/zh,) $(LAB_ARGS)
 
 clean:
 	rm -rf _build .widgets_js .pytest_cache build dist

@@ -84,8 +84,10 @@ def figure_characters(root: Path = ROOT) -> set[str]:
     src = root / "src" / "tokenflow"
     text = _text_of([src / "data" / "corpus.txt"])
     text += _text_of(sorted(glob.glob(str(root / "notebooks" / "*.ipynb"))))
+    text += _text_of(sorted(glob.glob(str(root / "notebooks" / "zh" / "*.ipynb"))))
     text += _text_of(sorted(p for p in glob.glob(str(src / "**" / "*.py"), recursive=True)
                             if Path(p) != src / "check.py"))
+    text += _text_of([src / "data" / "outputs_zh.json"])   # tokenflow.viz.lang's Chinese
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(src / "data" / "tokenizer.json"))
     text += "".join(tok.decode([i]) for i in range(tok.get_vocab_size()))
@@ -125,6 +127,7 @@ def web_characters(root: Path = ROOT) -> set[str]:
     paths = sorted(glob.glob(str(root / "locale" / "zh_CN" / "**" / "*.po"), recursive=True))
     paths += sorted(glob.glob(str(root / "book" / "*.md")))
     paths += sorted(glob.glob(str(root / "notebooks" / "*.ipynb")))
+    paths += sorted(glob.glob(str(root / "notebooks" / "zh" / "*.ipynb")))
     paths += [root / "_config.yml", root / "_toc.yml", root / "scripts" / "tokenflow_i18n.py"]
     paths += [root / "src" / "tokenflow" / "data" / "model_page.js"]   # its zh text, escaped
     text = _text_of(p for p in paths if Path(p).exists()) + _theme_messages()

@@ -24,8 +24,11 @@ START = """
 document.addEventListener("DOMContentLoaded", function () {
   if (typeof mermaid === "undefined") { return; }   // source text stays visible
   var dark = document.documentElement.dataset.theme === "dark";
+  // labels in Chinese (the zh edition's diagram) drawn with its web font, as the text is
   mermaid.initialize({startOnLoad: false, securityLevel: "strict",
-                      theme: dark ? "dark" : "default"});
+                      theme: dark ? "dark" : "default",
+                      themeVariables: {fontFamily:
+                        '"trebuchet ms", verdana, arial, "Tokenflow CJK", sans-serif'}});
   mermaid.run({querySelector: "pre.tokenflow-mermaid"});
 });
 """

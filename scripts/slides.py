@@ -165,9 +165,10 @@ class Slide:
     """One slide: its ``kind`` (``title``, ``figure``, ``table``, ``numbers``; the tests read the
     numbers off the ``numbers`` slides), its ``title`` (inline HTML) and its ``body`` (HTML)."""
 
-    kind: str                  # title, figure, table, numbers
+    kind: str                  # title, figure, table, numbers, diagram
     title: str                 # inline HTML
     body: str                  # HTML
+    notes: str = ""            # the speaker notes (HTML; press N in a deck to show them)
 
 
 @dataclass
@@ -298,7 +299,10 @@ def chapter_deck(notebook: Path, root: Path = ROOT, lang: str = "en") -> Deck:
     """
     page = f"notebooks/{notebook.stem}"
     prose = Prose(read_catalog(root, lang, page))
-    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    # the Chinese edition's outputs: the Chinese notebook's (scripts/zh_notebooks.py), if any
+    zh = root / "notebooks" / "zh" / notebook.name
+    source = zh if lang == "zh_CN" and zh.is_file() else notebook
+    cells = json.loads(source.read_text(encoding="utf-8"))["cells"]
     blocks = prose.blocks(_source(cells[0]))
     titles = [b[2] for b in blocks if b[1] == "h1"]
     paragraphs = [b[2] for b in blocks if b[0] == "paragraph"]
@@ -317,6 +321,7 @@ def chapter_deck(notebook: Path, root: Path = ROOT, lang: str = "en") -> Deck:
             heading = heads[-1] if heads else heading
         elif SLIDE_TAG in cell.get("metadata", {}).get("tags", []):
             deck.slides += cell_slides(cells, i, prose.inline(heading), prose)
+    speaker_notes(deck, exercise_prompts(notebook, root, lang), lang)
     return deck
 
 
@@ -410,7 +415,7 @@ nav.deck-nav button { font-size: 18px; padding: 2px 12px; border: 1px solid #8b9
 
 HANDOUT_STYLE = """
 .handout .sheet { display: flex; flex-direction: column; gap: 16px; align-items: center;
-  margin: 0 auto 24px; }
+  margin: 0 auto 24px; height: %(h)dpx; box-sizing: border-box; background: #fff; }
 .handout .slide { zoom: %(zoom)s; margin: 0; box-shadow: 0 0 0 1px #d0d7de; }
 @media print {
   @page { size: A4; margin: 12mm 10mm; }
@@ -482,6 +487,9 @@ SCRIPT = """
                   ArrowLeft: -1, ArrowUp: -1, PageUp: -1}[e.key];
       if (next) { show(i + next); e.preventDefault(); }
       else if (e.key === 'Home') { show(0); } else if (e.key === 'End') { show(slides.length - 1); }
+      else if (e.key === 'n' || e.key === 'N') {
+        document.documentElement.classList.toggle('notes');   // the speaker notes
+      }
     });
     document.getElementById('prev').onclick = function () { show(i - 1); };
     document.getElementById('next').onclick = function () { show(i + 1); };
@@ -501,8 +509,9 @@ def _page(
     title: str, lang: str, body_class: str, body: str, css: str, handout: bool = False
 ) -> str:
     style = STYLE % {"w": WIDTH, "h": HEIGHT, "blue": HIDDEN_BLUE, "font": FONT_FAMILY}
+    style += KIT_STYLE % {"blue": HIDDEN_BLUE}
     if handout:
-        style += HANDOUT_STYLE % {"zoom": f"{HANDOUT_ZOOM:.7g}"}
+        style += HANDOUT_STYLE % {"zoom": f"{HANDOUT_ZOOM:.7g}", "h": A4_PRINT_HEIGHT - 4}
     return (f'<!doctype html>\n<html lang="{lang}">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f'<link rel="icon" href="data:,">\n<title>{html.escape(title)}</title>\n'
@@ -512,8 +521,9 @@ def _page(
 
 def _slide_html(deck: Deck, k: int, slide: Slide) -> str:
     heading = (f"<h1>{slide.title}</h1>" if slide.kind == "title" else f"<h2>{slide.title}</h2>")
+    notes = f'<aside class="notes">{slide.notes}</aside>' if slide.notes else ""
     return (f'<section class="slide" data-kind="{slide.kind}" data-chapter="{deck.number}" '
-            f'id="s{deck.number}-{k + 1}">{heading}<div class="body">{slide.body}</div>'
+            f'id="s{deck.number}-{k + 1}">{heading}<div class="body">{slide.body}</div>{notes}'
             f"<footer><span>tokenflow · {deck.page.split('/')[-1]} · {LICENCE}</span>"
             f"<span>{k + 1} / {len(deck.slides)}</span></footer></section>")
 
@@ -526,22 +536,40 @@ def deck_html(deck: Deck, lang: str, css: str) -> str:
     return _page(plain(deck.title), lang, "deck", f"{slides}\n{nav}", css)
 
 
-def handout_html(decks: list[Deck], lang: str, css: str) -> str:
-    """Every deck on A4 (print it): :data:`PER_SHEET` slides to a sheet, a chapter starts a
-    sheet. Each ``.sheet`` is one printed page."""
-    sheets = []
+def handout_html(decks: list[Deck], lang: str, css: str,
+                 prompts: dict[str, list[str]] | None = None, edition: str = "en") -> str:
+    """The handout on A4 (print it): the diagram slide and the cheat sheet (one page each),
+    then every deck, :data:`PER_SHEET` slides to a sheet, a chapter starting a sheet; after a
+    chapter's slides its "predict, then run" prompts (``prompts``: deck number -> inline HTML)
+    and ruled lines for notes, on its last sheet when that holds one slide, else on a sheet
+    of their own. ``lang`` is the HTML language tag, ``edition`` the book's (``en``,
+    ``zh_CN``). Each ``.sheet`` is one printed page."""
+    diagram = diagram_deck(edition)
+    sheets = [f'<div class="sheet" data-chapter="kit">{_slide_html(diagram, 0, diagram.slides[0])}'
+              f'<div class="lines"></div></div>', cheat_sheet(edition)]
+    w = KIT_WORDS[edition]
     for deck in decks:
+        chapter = []
         for start in range(0, len(deck.slides), PER_SHEET):
             part = deck.slides[start:start + PER_SHEET]
-            sheets.append(f'<div class="sheet" data-chapter="{deck.number}">' + "".join(
-                _slide_html(deck, start + k, s) for k, s in enumerate(part)) + "</div>")
+            chapter.append("".join(_slide_html(deck, start + k, s) for k, s in enumerate(part)))
+        asks = (prompts or {}).get(deck.number, [])
+        block = (f'<div class="prompts"><h3>{html.escape(w["prompts"])}</h3>'
+                 + ("".join(f"<p>{a}</p>" for a in asks) or f"<p>{w['no_prompts']}</p>")
+                 + f'</div><div class="lines" aria-label="{html.escape(w["notes"])}"></div>')
+        if len(deck.slides) % PER_SHEET:
+            chapter[-1] += block
+        else:
+            chapter.append(block)
+        sheets += [f'<div class="sheet" data-chapter="{deck.number}">{c}</div>' for c in chapter]
     return _page("tokenflow handout", lang, "handout", "\n".join(sheets), css, handout=True)
 
 
 def index_html(decks: list[Deck], lang: str, css: str) -> str:
     """A list of the decks and the handout."""
-    items = "".join(f'<li><a href="{d.number}.html">{d.title}</a> ({len(d.slides)})</li>'
-                    for d in decks)
+    items = ('<li><a href="diagram.html">diagram.html</a></li>'
+             + "".join(f'<li><a href="{d.number}.html">{d.title}</a> ({len(d.slides)})</li>'
+                       for d in decks))
     body = (f'<section class="slide" data-kind="index"><h2>tokenflow</h2><div class="body">'
             f'<ul class="decks">{items}</ul><p><a href="handout.html">handout.html</a> (A4)</p>'
             f"</div></section>")
@@ -549,7 +577,8 @@ def index_html(decks: list[Deck], lang: str, css: str) -> str:
 
 
 def _all_text(decks: list[Deck]) -> str:
-    text = "".join(d.title + "".join(s.title + s.body for s in d.slides) for d in decks)
+    text = "".join(d.title + "".join(s.title + s.body + s.notes for s in d.slides)
+                   for d in decks)
     return re.sub(r"data:[^\"')]+", "", text)
 
 
@@ -565,7 +594,10 @@ def build(root: Path = ROOT, out: Path | None = None, lang: str = "en") -> list[
     folder, tag = EDITIONS[lang]
     out = out or root / "_build" / "html" / folder / "slides"
     decks = [chapter_deck(nb, root, lang) for nb in chapters(root)]
-    css = font_css(_all_text(decks))
+    prompts = {nb.stem[:2]: exercise_prompts(nb, root, lang) for nb in chapters(root)}
+    kit = diagram_deck(lang)
+    css = font_css(_all_text(decks + [kit]) + cheat_sheet(lang)
+                   + "".join(KIT_WORDS[lang].values()) + "".join(sum(prompts.values(), [])))
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -573,11 +605,333 @@ def build(root: Path = ROOT, out: Path | None = None, lang: str = "en") -> list[
     for deck in decks:
         written.append(out / f"{deck.number}.html")
         written[-1].write_text(deck_html(deck, tag, css), encoding="utf-8")
-    for name, text in (("handout.html", handout_html(decks, tag, css)),
-                       ("index.html", index_html(decks, tag, css))):
+    sheet = _page(plain(KIT_WORDS[lang]["sheet"]), tag, "handout", cheat_sheet(lang), css,
+                  handout=True)
+    for name, text in (("handout.html", handout_html(decks, tag, css, prompts, lang)),
+                       ("index.html", index_html(decks, tag, css)),
+                       ("diagram.html", deck_html(kit, tag, css)),
+                       ("cheatsheet.html", sheet)):
         written.append(out / name)
         written[-1].write_text(text, encoding="utf-8")
     return written
+
+
+# --- the workshop kit: the diagram, the cheat sheet, prompts, speaker notes ------------------
+# Words of the kit that are not the book's prose (which comes from the catalogs), per edition.
+KIT_WORDS = {
+    "en": {
+        "diagram": "The token flow: one forward pass and the decode loop",
+        "diagram_notes": ("Start every session here. Follow one token from left to right: its "
+                          "id [B,S] is looked up, the hidden state [B,S,H] passes every block "
+                          "(attention reads the KV cache, then a dense FFN or K of E experts), "
+                          "the LM head turns the last one into V logits, sampling picks the "
+                          "next id, and decode feeds it back. Ask which box the chapter opens."),
+        "sheet": "tokenflow cheat sheet: one token through an LLM",
+        "line": "The line, with shapes",
+        "letters": ("B batch (sequences together), S sequence length, H hidden_size, "
+                    "V vocab_size, E num_experts, K num_experts_per_tok, L layers."),
+        "seed": "The seed's numbers in their places",
+        "formulas": "Formulas (each example computed by tokenflow.analysis)",
+        "prompts": "Predict, then run",
+        "notes": "Notes",
+        "title_notes": "Ask the question first and collect guesses; then run the notebook top "
+                       "to bottom. In the room: ",
+        "figure_notes": "Before showing it, ask what the figure will show. ",
+        "table_notes": "Ask for one number of the table before showing it.",
+        "numbers_notes": "Ask the room for each number before revealing it: the notebook's "
+                         "last section computes every one.",
+        "no_prompts": "(this chapter's exercises are for homework)",
+    },
+    "zh_CN": {
+        "diagram": "词元的流动：一次前向和解码循环",
+        "diagram_notes": ("每节课都从这里开始。从左到右跟着一个词元走：它的 id [B,S] "
+                          "被查表，隐藏状态 [B,S,H] 经过每一个块（注意力读取 KV 缓存，"
+                          "然后是稠密 FFN 或 E 个专家中的 K 个），LM 头把最后的隐藏状态"
+                          "变成 V 个 logits，采样选出下一个 id，解码时再把它送回来。"
+                          "问大家：这一章从哪个方框讲起？"),
+        "sheet": "tokenflow 速查表：一个词元穿过 LLM",
+        "line": "整条路径和形状",
+        "letters": ("B 批大小（一起处理的序列数），S 序列长度，H hidden_size，V vocab_size，"
+                    "E num_experts，K num_experts_per_tok，L 层数。"),
+        "seed": "源笔记中的数字各在其位",
+        "formulas": "公式（每个例子都由 tokenflow.analysis 算出）",
+        "prompts": "先预测，再运行",
+        "notes": "笔记",
+        "title_notes": "先提出问题、收集大家的猜测，再从头到尾运行笔记本。课上做的练习：",
+        "figure_notes": "展示之前，先问大家图上会是什么。",
+        "table_notes": "展示之前，先让大家猜表中的一个数。",
+        "numbers_notes": "每个数公布之前都先让大家猜：它们都由笔记本最后一节算出。",
+        "no_prompts": "（本章练习留作课后作业）",
+    },
+}
+# The diagram on a 1280 x 720 slide: each node of data/token_flow.mmd at (column, row) of a
+# 7 x 3 grid, read left to right (top: the KV cache and the MoE path, middle: the forward
+# pass, bottom: from the last block back to the next token).
+DIAGRAM_GRID = {
+    "kv_cache": (3, 0), "router": (4, 0), "dispatch": (5, 0), "expert_compute": (6, 0),
+    "token_id": (0, 1), "embedding": (1, 1), "hidden": (2, 1), "attention": (3, 1),
+    "ffn_type": (4, 1), "dense_ffn": (5, 1), "combine": (6, 1),
+    "next_token": (0, 2), "sampling": (1, 2), "logits": (2, 2), "lm_head": (3, 2),
+    "final": (4, 2), "updated": (5, 2),
+}
+DIAGRAM_BOX = (1160, 540, 156, 100)   # the drawing's width, height; a box's width, height
+DIAGRAM_FONT_PX = (18, 16)             # a label's first line, its other lines and the arrows'
+DIAGRAM_COLUMNS = 13                   # a label line's width (a Chinese character counts 2)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` columns (:func:`_columns`), broken at spaces, or
+    between any two characters where a part has no space (Chinese)."""
+    lines, line = [], ""
+    for piece in re.findall(r"\s+|[\u2e80-\u9fff]|[^\s\u2e80-\u9fff]+", text):
+        if line and not piece.isspace() and _columns(line + piece) > width:
+            lines.append(line.rstrip())
+            line = ""
+        line += "" if (piece.isspace() and not line) else piece
+    return lines + [line.rstrip()] if line.strip() else lines
+
+
+def _tr(lang: str):
+    """tokenflow.viz.lang's lookup in edition ``lang`` (the one catalog of the viz words)."""
+    from tokenflow.viz import lang as viz_lang
+    def tr(text: str) -> str:
+        before = viz_lang.language()
+        viz_lang._state["lang"] = "zh" if lang == "zh_CN" else "en"
+        try:
+            return viz_lang.tr(text)
+        finally:
+            viz_lang._state["lang"] = before
+    return tr
+
+
+def diagram_svg(lang: str = "en") -> str:
+    """The token-flow diagram (``tokenflow.viz.load_diagram``) as an inline SVG laid out for a
+    landscape slide (:data:`DIAGRAM_GRID`), its labels in edition ``lang``.
+
+    Raises:
+        ValueError: if the diagram has a node :data:`DIAGRAM_GRID` does not place.
+    """
+    from tokenflow.analysis.trace import COLORS
+    from tokenflow.viz import load_diagram
+    d, tr = load_diagram(), _tr(lang)
+    missing = sorted(set(d.nodes) - set(DIAGRAM_GRID))
+    if missing:
+        raise ValueError(f"DIAGRAM_GRID places no {missing}: add them")
+    W, H, bw, bh = DIAGRAM_BOX
+    big, small = DIAGRAM_FONT_PX
+    cols, rows = 7, 3
+    def centre(node):
+        c, r = DIAGRAM_GRID[node]
+        return (bw / 2 + c * (W - bw) / (cols - 1), bh / 2 + r * (H - bh) / (rows - 1))
+    fills = {"hidden": COLORS["hidden"], "moe": COLORS.get("moe", "#e0b000"),
+             "token": COLORS.get("token", "#2e9e44")}
+    out = [f'<svg class="diagram" viewBox="0 0 {W} {H}" xmlns="http://www.w3.org/2000/svg" '
+           f'role="img" aria-label="{html.escape(tr("MoE experts"))}">',
+           '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
+           'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
+           'fill="#444"/></marker></defs>']
+    for e in d.edges:
+        (x1, y1), (x2, y2) = centre(e.src), centre(e.dst)
+        if {e.src, e.dst} == {"attention", "kv_cache"}:      # two arrows, side by side
+            dx = -22 if e.src == "kv_cache" else 22
+            x1, x2 = x1 + dx, x2 + dx
+        # from the edge of one box to the edge of the other
+        def clip(x, y, tx, ty):
+            vx, vy = tx - x, ty - y
+            k = min(bw / 2 / abs(vx) if vx else 1e9, bh / 2 / abs(vy) if vy else 1e9)
+            return x + vx * k, y + vy * k
+        anchor = "middle"
+        if e.src == "updated" and e.dst == "hidden":          # next block: under the row
+            path = (f"M{x1 - bw / 2:.0f},{y1:.0f} C{x1 - bw:.0f},{y1 - 60:.0f} "
+                    f"{x2 + 40:.0f},{y2 + 110:.0f} {x2 + 20:.0f},{y2 + bh / 2:.0f}")
+            lx, ly = (x1 + x2) / 2 + 10, y2 + 88
+        else:
+            (sx, sy), (tx, ty) = clip(x1, y1, x2, y2), clip(x2, y2, x1, y1)
+            path = f"M{sx:.0f},{sy:.0f} L{tx:.0f},{ty:.0f}"
+            lx, ly = (sx + tx) / 2, (sy + ty) / 2
+            if y1 == y2:          # along a row: above it (the top row: below it)
+                ly = y1 + (bh / 2 + 16 if DIAGRAM_GRID[e.src][1] == 0 else -bh / 2 - 16)
+            elif x1 == x2:        # down a column: beside the arrow
+                anchor, lx = ("end", lx - 8) if e.src == "kv_cache" else ("start", lx + 8)
+        dash = ' stroke-dasharray="6 5"' if e.dotted else ""
+        out.append(f'<path d="{path}" fill="none" stroke="#444" stroke-width="2"{dash} '
+                   f'marker-end="url(#arrow)"/>')
+        if e.label:
+            label = html.escape(tr(e.label))
+            out.append(f'<text class="edge" x="{lx:.0f}" y="{ly:.0f}" font-size="{small}" '
+                       f'text-anchor="{anchor}" dominant-baseline="middle" paint-order="stroke" '
+                       f'stroke="#fff" stroke-width="5">{label}</text>')
+    for node, label in d.nodes.items():
+        x, y = centre(node)
+        fill = fills.get(d.node_class.get(node, ""), "#8b949e")
+        ink = "#000" if d.node_class.get(node) == "moe" else "#fff"
+        lines = [part for t in label.split("<br/>") for part in _wrap(tr(t), DIAGRAM_COLUMNS)]
+        out.append(f'<rect x="{x - bw / 2:.0f}" y="{y - bh / 2:.0f}" width="{bw}" '
+                   f'height="{bh}" rx="10" fill="{fill}"/>')
+        top = y - (len(lines) - 1) * 9
+        for k, line in enumerate(lines):
+            size, weight = (big, 600) if k == 0 else (small, 400)
+            out.append(f'<text x="{x:.0f}" y="{top + k * 18:.0f}" font-size="{size}" '
+                       f'font-weight="{weight}" fill="{ink}" text-anchor="middle" '
+                       f'dominant-baseline="middle">{html.escape(line)}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def diagram_deck(lang: str = "en") -> Deck:
+    """The deck of one slide, the diagram (:func:`diagram_svg`), with its speaker notes."""
+    words = KIT_WORDS[lang]
+    deck = Deck("diagram", "notebooks/00_token_flow", html.escape(words["diagram"]))
+    deck.slides.append(Slide("diagram", html.escape(words["diagram"]),
+                             f'<div class="diagram">{diagram_svg(lang)}</div>',
+                             html.escape(words["diagram_notes"])))
+    return deck
+
+
+PREDICT = re.compile(r"\*\*\d+\. Predict, then (?:run|compute)[^*]*\*\*")
+
+
+def exercise_prompts(notebook: Path, root: Path = ROOT, lang: str = "en") -> list[str]:
+    """The chapter's "predict, then run" exercises (the paragraphs that start ``**N. Predict,
+    then run.**``), as inline HTML in edition ``lang`` (translated through the catalog)."""
+    prose = Prose(read_catalog(root, lang, f"notebooks/{notebook.stem}"))
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    return [prose.inline(text) for cell in cells if cell["cell_type"] == "markdown"
+            for kind, _, text in prose.blocks(_source(cell))
+            if kind == "paragraph" and PREDICT.match(text)]
+
+
+def cheat_sheet(lang: str = "en") -> str:
+    """The one-page A4 cheat sheet of edition ``lang`` (HTML): the line with its shapes, the
+    seed's three numbers where they sit on it, and the four formulas, each with an example
+    computed by tokenflow.analysis from the bundled configs (src/tokenflow/data/models.json).
+
+    Raises:
+        ValueError: if no bundled config routes to 384 experts (the seed's 6 of 384).
+    """
+    from tokenflow.analysis.costmodel import (kv_cache_bytes_per_token, moe_a2a_bytes,
+                                              reference_config, reference_models)
+    from tokenflow.analysis.roofline import (arithmetic_intensity, flops_per_token, hardware,
+                                             ridge_point)
+    w, zh = KIT_WORDS[lang], lang == "zh_CN"
+    gpt3, ds, llama = (reference_config(n) for n in ("GPT-3-175B", "DeepSeek-V3", "Llama-3-8B"))
+    routed = [n for n in reference_models() if n not in ("GPT-3-175B",)
+              and getattr(_config_or_none(n), "num_experts", None) == 384]
+    if not routed:
+        raise ValueError("no bundled config has num_experts = 384 (the seed's 6 of 384)")
+    moe = reference_config(routed[0])
+    kv = kv_cache_bytes_per_token(llama, 2)
+    fl = flops_per_token(llama, 4096)
+    ai_decode, ai_prefill = arithmetic_intensity(llama, 1, 4095), arithmetic_intensity(llama, 2048)
+    ridge = ridge_point(hardware("H800"))
+    a2a = moe_a2a_bytes(1, ds.num_experts_per_tok, ds.hidden_size, 2)
+    c = llama
+    line = ("token ids <b>[B,S]</b> → lookup → hidden state <b>[B,S,H]</b> → L blocks: "
+            "attention (reads, writes the KV cache) + FFN or MoE (K of E experts), "
+            "<b>[B,S,H]</b> → final hidden state <b>[B,H]</b> → LM head W [V,H] → "
+            "<b>[B,V]</b> logits → sample (T, top-k, top-p) → next id <b>[B]</b>; decode feeds "
+            "it back as [B,1].")
+    if zh:
+        line = ("词元 id <b>[B,S]</b> → 查表 → 隐藏状态 <b>[B,S,H]</b> → L 个块：注意力（读、写 KV "
+                "缓存）+ FFN 或 MoE（E 个专家中的 K 个），<b>[B,S,H]</b> → 最终隐藏状态 "
+                "<b>[B,H]</b> → LM 头 W [V,H] → <b>[B,V]</b> logits → 采样（T、top-k、top-p）→ "
+                "下一个 id <b>[B]</b>；解码时以 [B,1] 送回。")
+    seed = [
+        (f"H = {gpt3.hidden_size:,}", "GPT-3 的 hidden_size：隐藏状态 [B,S,12,288]" if zh else
+         f"GPT-3's hidden_size: the hidden state [B,S,{gpt3.hidden_size:,}]"),
+        (f"V = {ds.vocab_size:,}", f"DeepSeek-V3 的 vocab_size：logits [B,{ds.vocab_size:,}]"
+         if zh else f"DeepSeek-V3's vocab_size: the logits [B,{ds.vocab_size:,}]"),
+        (f"{moe.num_experts_per_tok} of {moe.num_experts}" if not zh else
+         f"{moe.num_experts} 选 {moe.num_experts_per_tok}",
+         f"{routed[0]} 的路由专家：每个词元 K = {moe.num_experts_per_tok}，E = {moe.num_experts}"
+         if zh else f"{routed[0]}'s routed experts: K = {moe.num_experts_per_tok} per token "
+         f"of E = {moe.num_experts}"),
+    ]
+    kvf = (f"2 × L × num_key_value_heads × head_dim × bytes = 2 × {c.num_hidden_layers} × "
+           f"{c.num_key_value_heads} × {c.head_dim} × 2 = {kv:,} B")
+    formulas = [
+        ("每个词元的 KV 字节" if zh else "KV bytes per token",
+         kvf + ("（Llama-3-8B，bf16）" if zh else " (Llama-3-8B, bf16)")),
+        ("每个词元的 FLOP" if zh else "FLOPs per token",
+         ("≈ 2 × 激活参数 + 注意力读上下文：" if zh else
+          "≈ 2 × active parameters + attention over the context: ")
+         + f"{fl / 1e9:.1f} GFLOP" + ("（Llama-3-8B，上下文 4,096 时解码）" if zh else
+                                      " (Llama-3-8B, a decode step at context 4,096)")),
+        ("算术强度" if zh else "Arithmetic intensity",
+         ("FLOP / 搬运的字节：" if zh else "FLOPs / bytes moved: ")
+         + (f"解码（1 条序列）{ai_decode:.1f}，2,048 个词元的预填充 {ai_prefill:,.0f}；"
+            f"H800 的拐点（bf16）{ridge:.0f}：解码受内存限制" if zh else
+            f"decode (1 sequence) {ai_decode:.1f}, a 2,048-token prefill {ai_prefill:,.0f}; "
+            f"the H800's ridge (bf16) {ridge:.0f}: decode is memory-bound")),
+        ("all-to-all 字节" if zh else "All-to-all bytes",
+         f"tokens × K × H × bytes = 1 × {ds.num_experts_per_tok} × {ds.hidden_size:,} × 2 = "
+         f"{a2a:,} B" + ("：DeepSeek-V3 一个词元每个 MoE 层的分发量，合并再送回同样多" if zh else
+                         ": DeepSeek-V3, one token, one MoE layer, dispatch; combine sends as "
+                         "much back")),
+    ]
+    rows = "".join(f"<tr><th>{html.escape(a)}</th><td>{html.escape(b)}</td></tr>"
+                   for a, b in seed)
+    frows = "".join(f"<tr><th>{html.escape(a)}</th><td>{html.escape(b)}</td></tr>"
+                    for a, b in formulas)
+    return (f'<div class="sheet cheatsheet" data-chapter="kit"><h1>{html.escape(w["sheet"])}'
+            f'</h1><h2>{html.escape(w["line"])}</h2><p class="line">{line}</p>'
+            f'<p>{html.escape(w["letters"])}</p><h2>{html.escape(w["seed"])}</h2>'
+            f'<table>{rows}</table><h2>{html.escape(w["formulas"])}</h2><table>{frows}</table>'
+            f'<div class="diagram">{diagram_svg(lang)}</div></div>')
+
+
+def _config_or_none(name: str):
+    from tokenflow.analysis.costmodel import reference_config
+    try:
+        return reference_config(name)
+    except (ValueError, KeyError):
+        return None
+
+
+def speaker_notes(deck: Deck, prompts: list[str], lang: str = "en") -> None:
+    """Give every slide of ``deck`` its speaker notes (HTML; in place): the title slide the
+    chapter's "predict, then run" prompts, a figure its caption and a question, a table or a
+    numbers slide a question for the room."""
+    w = KIT_WORDS[lang]
+    for s in deck.slides:
+        if s.notes:
+            continue
+        if s.kind == "title":
+            s.notes = html.escape(w["title_notes"]) + (" ".join(prompts) or w["no_prompts"])
+        elif s.kind == "figure":
+            cap = re.search(r"<figcaption>(.*?)</figcaption>", s.body, re.S)
+            s.notes = html.escape(w["figure_notes"]) + (cap.group(1) if cap else "")
+        else:
+            s.notes = html.escape(w[f"{s.kind}_notes"] if f"{s.kind}_notes" in w
+                                  else w["table_notes"])
+
+
+KIT_STYLE = """
+.slide .diagram { flex: 1 1 auto; min-height: 0; display: flex; }
+.slide .diagram svg { width: 100%%; height: 100%%; }
+.slide aside.notes { display: none; }
+html.js.notes .slide.active aside.notes { display: block; position: fixed; left: 0; right: 0;
+  bottom: 0; max-height: 40vh; overflow: auto; background: #fffbe6; border-top: 2px solid
+  #e0b000; padding: 8px 16px; font-size: 18px; z-index: 3; }
+.handout .prompts { width: 718px; font-size: 12.5px; line-height: 1.35; margin: 0; }
+.handout .prompts h3 { font-size: 14px; margin: 0 0 4px; color: %(blue)s; }
+.handout .prompts p { margin: 0 0 4px; }
+.handout .lines { width: 718px; flex: 1 1 auto; min-height: 60px;
+  background: repeating-linear-gradient(#fff 0 25px, #d0d7de 25px 26px); }
+.cheatsheet { width: 718px; font-size: 13px; line-height: 1.4; color: #1f2328; }
+.cheatsheet h1 { font-size: 22px; color: %(blue)s; margin: 0 0 6px; }
+.cheatsheet h2 { font-size: 15px; color: %(blue)s; margin: 10px 0 4px;
+  border-bottom: 2px solid %(blue)s; }
+.cheatsheet p { margin: 0 0 4px; }
+.cheatsheet p.line { font-size: 14px; }
+.cheatsheet table { border-collapse: collapse; width: 100%%; }
+.cheatsheet th { text-align: left; white-space: nowrap; padding: 2px 10px 2px 0;
+  vertical-align: top; }
+.cheatsheet td { padding: 2px 0; }
+.cheatsheet .diagram { margin-top: 10px; }
+.cheatsheet .diagram svg { width: 100%%; height: auto; }
+@media print { .handout .sheet.cheatsheet { display: block; } }
+"""
 
 
 # --- printing the handout --------------------------------------------------------------------
@@ -626,10 +980,10 @@ def handout(root: Path = ROOT, out: Path | None = None) -> list[Path]:
     jobs = [(root / "_build" / "html" / folder / "slides" / "handout.html",
              out / f"tokenflow-handout{'-' + folder if folder else ''}.pdf")
             for folder, _ in EDITIONS.values()]
-    jobs = [(h, p) for h, p in jobs if h.is_file()]
-    if not jobs:
+    missing = [h for h, _ in jobs if not h.is_file()]
+    if missing:
         raise FileNotFoundError(
-            f"no {root / '_build/html/slides/handout.html'}: run `make book` first"
+            f"no {', '.join(map(str, missing))}: run `make book` first (it builds both editions)"
         )
     written = []
     with sync_playwright() as p:

@@ -21,6 +21,12 @@ extension adds what Sphinx's own translation step does not cover:
   ``file://`` URLs), with a ``unicode-range`` of CJK and emoji only: a browser without any
   Chinese or emoji font draws the characters, Latin keeps the theme's font.
 
+* the chapter pages of the Chinese edition come from the Chinese notebooks
+  ``notebooks/zh/NN_*.ipynb`` (scripts/zh_notebooks.py: the English notebook with its catalog's
+  prose and outputs run in Chinese), read in place of ``notebooks/NN_*.ipynb`` at
+  ``source-read``, so the page keeps its name and links; where there is none, the English
+  notebook and the catalog, as for every other page.
+
 Loaded by _config.yml (``sphinx: local_extensions: {tokenflow_i18n: scripts/}``).
 """
 from __future__ import annotations
@@ -183,10 +189,25 @@ def _write_web_font(app, exception) -> None:
     (static / WEB_FONT_CSS).write_text(web_font_css(), encoding="utf-8")
 
 
+ZH_NOTEBOOKS = Path("notebooks", "zh")   # under srcdir
+
+
+def _chinese_notebook(app, docname: str, source: list) -> None:
+    """In the zh_CN build, the text of ``notebooks/zh/<name>.ipynb`` for the page
+    ``notebooks/<name>`` (see the module docstring)."""
+    if _current(app.config) == "en" or Path(docname).parent != Path("notebooks"):
+        return
+    path = Path(app.srcdir) / ZH_NOTEBOOKS / f"{Path(docname).name}.ipynb"
+    if path.is_file():
+        app.env.note_dependency(str(path))
+        source[0] = path.read_text(encoding="utf-8")
+
+
 def setup(app):
     app.add_config_value("tokenflow_editions", DEFAULT_EDITIONS, "html", types=[dict])
     app.connect("config-inited", _apply_edition_config)
     app.connect("html-page-context", _add_switch)
+    app.connect("source-read", _chinese_notebook)
     app.add_transform(TranslateTocCaptions)
     app.connect("builder-inited", _add_web_font)
     app.connect("build-finished", _write_web_font)

@@ -38,20 +38,21 @@ def _script(name: str):
 slides = _script("slides")
 
 CHAPTERS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-NUMBERS_HEADINGS = ("What you can now say with numbers", "In a few sentences")
+NUMBERS_HEADINGS = ("What you can now say with numbers", "In a few sentences",
+                    "现在你能用数字说清楚的事", "现在可以用数字说清的事", "几句话总结")
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*(?:e-?\d+)?")
 CJK = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\ufe30-\ufe4f\uff00-\uffef]")
 MIN_SLIDES = 4
-PAGES_PER_CHAPTER = (2, 4)      # A4 pages of a chapter on the handout (3 to 8 slides)
+PAGES_PER_CHAPTER = (2, 5)      # A4 pages of a chapter on the handout (3 to 8 slides + prompts)
+KIT_SHEETS = 2                  # the diagram and the cheat sheet, before the chapters
 
 
-def notebook_numbers(chapter: str) -> list[str]:
+def notebook_numbers(chapter: str, edition: str = "en") -> list[str]:
     """The numbers the notebook prints in its "What you can now say with numbers" (or "In a
     few sentences") section, in order: the stdout of its code cells, except those nbval does
-    not compare (timings of this machine)."""
-    cells = json.loads((ROOT / "notebooks" / f"{chapter}.ipynb").read_text(encoding="utf-8"))[
-        "cells"
-    ]
+    not compare (timings of this machine). ``zh``: the Chinese notebook's (notebooks/zh/)."""
+    folder = ROOT / "notebooks" / ("zh" if edition == "zh" else "")
+    cells = json.loads((folder / f"{chapter}.ipynb").read_text(encoding="utf-8"))["cells"]
     inside, text = False, ""
     for cell in cells:
         src = "".join(cell["source"])
@@ -117,7 +118,7 @@ def page(browser):
     ctx.close()
 
 
-def check_deck(page, path: Path, chapter: str) -> tuple[list[str], dict]:
+def check_deck(page, path: Path, chapter: str, edition: str = "en") -> tuple[list[str], dict]:
     """The problems of one deck, and what it shows (DECK_JS)."""
     html_text = path.read_text(encoding="utf-8")
     problems = [f"refers to {u}" for u in re.findall(r"(?:https?:)?//[\w.-]+\.\w+", html_text)]
@@ -140,7 +141,7 @@ def check_deck(page, path: Path, chapter: str) -> tuple[list[str], dict]:
             problems.append(f"slide {k + 1} ({s['kind']}): overflows (text at {s['k']:.0%})")
     if not all(deck["images"]) or not deck["images"]:
         problems.append(f"figures loaded: {deck['images']}")
-    want, got = notebook_numbers(chapter), NUMBER.findall(deck["numbers"])
+    want, got = notebook_numbers(chapter, edition), NUMBER.findall(deck["numbers"])
     if got != want:
         problems.append(f"numbers differ from the notebook's:\n  deck     {got}\n  notebook {want}")
     page.evaluate("() => document.fonts.ready.then(() => null)")   # every slide was shown
@@ -163,7 +164,7 @@ def test_decks_in_chromium(page, book_html_dir, zh_html_dir):
             if not path.is_file():
                 problems.append(f"{edition} {chapter}: no deck {path}")
                 continue
-            found, deck = check_deck(page, path, chapter)
+            found, deck = check_deck(page, path, chapter, edition)
             problems += [f"{edition} {chapter}: {p}" for p in found]
             titles[edition, chapter], counts[edition, chapter] = deck["title"], deck["count"]
     problems += [f"zh {c}: title not translated: {titles['zh', c]!r}" for c in CHAPTERS
@@ -194,20 +195,23 @@ def test_deck_keys_and_hash(page, book_html_dir):
 
 
 def test_handout_prints_on_a4(page, book_html_dir, zh_html_dir):
-    """The English handout.html printed to an A4 PDF in _build/handout/ (as `make handout`): one
-    page per sheet, 2 to 4 pages per chapter, every chapter there. Both editions in print
-    media: every sheet fits the printable height (so none spills onto a second page), every
-    slide fits, nothing is wider than the printable width or cut."""
+    """Both editions' handout.html printed to A4 PDFs in _build/handout/ (as `make handout`):
+    one page per sheet, the diagram and the cheat sheet first, 2 to 5 pages per chapter, every
+    chapter there; in print media every sheet fits the printable height (so none spills onto
+    a second page), every slide fits, nothing is wider than the printable width or cut. Each
+    PDF read back (pypdf): its text has the cheat sheet's numbers and the diagram's labels in
+    that edition's words, and the Chinese one embeds the CJK font."""
     assert slides.A4_PRINT_WIDTH == A4_WIDTH_PX
     problems, report = [], {}
     for edition, folder in (("zh", zh_html_dir / "slides"), ("en", book_html_dir / "slides")):
-        if edition == "en":     # printing costs seconds: one edition, the checks below both
-            pdf = ROOT / "_build" / "handout" / "tokenflow-handout.pdf"
-            r = slides.print_handout(page, folder / "handout.html", pdf)
-            if not pdf.read_bytes().startswith(b"%PDF") or r["pages"] != sum(r["sheets"].values()):
-                problems.append(f"{edition}: {r['pages']} PDF pages for {r['sheets']} sheets")
-        else:
-            r = slides.print_handout(page, folder / "handout.html", None)
+        name = f"tokenflow-handout{'-zh' if edition == 'zh' else ''}.pdf"
+        pdf = ROOT / "_build" / "handout" / name
+        r = slides.print_handout(page, folder / "handout.html", pdf)
+        if not pdf.read_bytes().startswith(b"%PDF") or r["pages"] != sum(r["sheets"].values()):
+            problems.append(f"{edition}: {r['pages']} PDF pages for {r['sheets']} sheets")
+        problems += [f"{edition}: {p}" for p in pdf_problems(pdf, edition)]
+        if r["sheets"].pop("kit", 0) != KIT_SHEETS:
+            problems.append(f"{edition}: not {KIT_SHEETS} kit sheets first")
         report[edition] = r["sheets"]
         if sorted(r["sheets"]) != [c[:2] for c in CHAPTERS]:
             problems.append(f"{edition}: chapters on the handout {sorted(r['sheets'])}")
@@ -231,6 +235,97 @@ def test_handout_prints_on_a4(page, book_html_dir, zh_html_dir):
     page.set_viewport_size({"width": slides.WIDTH, "height": slides.HEIGHT})
     print("handout: A4 pages per chapter", report)
     assert not problems, "\n".join(problems)
+
+
+def pdf_problems(pdf: Path, edition: str) -> list[str]:
+    """What a printed handout lacks: the cheat sheet's numbers (12,288, 129,280, 6 of 384, as
+    models.json gives them), the diagram's first label, every font embedded (Chromium draws
+    the inline web font as Type 3 glyph procedures, the others as embedded font files), and
+    for ``zh`` Chinese text that reads back as Chinese (the fonts map glyphs to Unicode)."""
+    from pypdf import PdfReader
+    reader = PdfReader(str(pdf))
+    text = " ".join("\n".join(p.extract_text() or "" for p in reader.pages[:KIT_SHEETS]).split())
+    models = json.loads((ROOT / "src" / "tokenflow" / "data" / "models.json")
+                        .read_text(encoding="utf-8"))["models"]
+    cfg = {k: v.get("config", v) for k, v in models.items()}
+    moe = next(c for c in cfg.values() if c.get("n_routed_experts") == 384)
+    want = [f"{cfg['GPT-3-175B']['hidden_size']:,}", f"{cfg['DeepSeek-V3']['vocab_size']:,}",
+            ("384 选 6" if edition == "zh" else f"{moe['num_experts_per_tok']} of 384"),
+            ("速查表" if edition == "zh" else "cheat sheet")]
+    problems = [f"PDF text lacks {w!r}" for w in want if w not in text]
+    for i, p in enumerate(reader.pages[:KIT_SHEETS]):
+        for name, f in (p["/Resources"].get("/Font") or {}).items():
+            f = f.get_object()
+            fonts = [d.get_object() for d in f.get("/DescendantFonts", [])] or [f]
+            embedded = all("/CharProcs" in g or any(
+                k in (g.get("/FontDescriptor") or {}) for k in
+                ("/FontFile", "/FontFile2", "/FontFile3")) for g in fonts)
+            if not embedded:
+                problems.append(f"page {i + 1}: font {name} ({f.get('/BaseFont')}) not embedded")
+    if edition == "zh" and len(CJK.findall(text)) < 200:
+        problems.append(f"{len(CJK.findall(text))} Chinese characters read back from the kit")
+    return problems
+
+
+def test_diagram_deck_fits_and_has_notes(page, book_html_dir, zh_html_dir):
+    """slides/diagram.html of both editions: the token-flow diagram on one 1280 x 720 slide,
+    every box and label inside it, no text smaller than 16 px, every node of the diagram's
+    file drawn with its label in the edition's words, N shows the speaker notes."""
+    from tokenflow.viz import load_diagram
+    problems = []
+    for edition, folder in (("en", book_html_dir), ("zh", zh_html_dir)):
+        page.goto((folder / "slides" / "diagram.html").as_uri(), wait_until="load")
+        page.wait_for_function("() => window.tokenflowDeck !== undefined")
+        r = page.evaluate("""() => { const s = document.querySelector('.slide');
+          const b = s.getBoundingClientRect(), k = b.width / 1280;
+          const texts = [...s.querySelectorAll('svg text')];
+          return {out: texts.filter(t => { const q = t.getBoundingClientRect();
+                    return q.left < b.left || q.right > b.right || q.top < b.top ||
+                           q.bottom > b.bottom; }).map(t => t.textContent),
+                  small: texts.filter(t => t.getBoundingClientRect().height / k < 16 * 0.95)
+                    .map(t => t.textContent),
+                  words: texts.map(t => t.textContent).join(' ')}; }""")
+        problems += [f"{edition}: outside the slide: {t}" for t in r["out"]]
+        problems += [f"{edition}: smaller than 16 px: {t}" for t in r["small"]]
+        first = {"en": "token id", "zh": "词元 id"}[edition]
+        if first not in r["words"] or len(load_diagram().nodes) > r["words"].count(" ") + 1:
+            problems.append(f"{edition}: labels {r['words'][:80]!r}")
+        page.keyboard.press("n")
+        if not page.evaluate("() => document.querySelector('.slide.active aside.notes')"
+                             ".checkVisibility()"):
+            problems.append(f"{edition}: N does not show the speaker notes")
+        page.keyboard.press("n")
+    assert not problems, "\n".join(problems)
+
+
+def test_kit_without_a_browser():
+    """The cheat sheet's numbers are tokenflow.analysis's on the bundled configs (checked here
+    against models.json's fields), every chapter slide has speaker notes, the prompts are the
+    chapters' "predict, then run" exercises, and a diagram node without a place is refused."""
+    models = json.loads((ROOT / "src" / "tokenflow" / "data" / "models.json")
+                        .read_text(encoding="utf-8"))["models"]
+    ll = models["Llama-3-8B"].get("config", models["Llama-3-8B"])
+    kv = 2 * ll["num_hidden_layers"] * ll["num_key_value_heads"] * (
+        ll.get("head_dim") or ll["hidden_size"] // ll["num_attention_heads"]) * 2
+    ds = models["DeepSeek-V3"].get("config", models["DeepSeek-V3"])
+    a2a = ds["num_experts_per_tok"] * ds["hidden_size"] * 2
+    for edition in ("en", "zh_CN"):
+        sheet = slides.cheat_sheet(edition)
+        for n in (f"{kv:,} B", f"{a2a:,} B", "12,288", "129,280"):
+            assert n in sheet, (edition, n)
+    decks = [slides.chapter_deck(nb, ROOT, "en") for nb in slides.chapters(ROOT)]
+    assert all(s.notes for d in decks for s in d.slides)
+    prompts = slides.exercise_prompts(ROOT / "notebooks" / "00_token_flow.ipynb")
+    assert prompts and all(p.startswith("<strong>1. Predict") or "Predict" in p for p in prompts)
+    assert "Predict" not in slides.exercise_prompts(
+        ROOT / "notebooks" / "00_token_flow.ipynb", ROOT, "zh_CN")[0]
+    grid = dict(slides.DIAGRAM_GRID)
+    del slides.DIAGRAM_GRID["router"]
+    try:
+        with pytest.raises(ValueError, match="router"):
+            slides.diagram_svg()
+    finally:
+        slides.DIAGRAM_GRID.update(grid)
 
 
 def test_deck_content_comes_from_the_notebook(tmp_path):

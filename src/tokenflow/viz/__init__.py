@@ -4,6 +4,7 @@ The chapters import what they show from here (``from tokenflow.viz import ...``)
 is split by topic, one module per chapter theme:
 
 =================  ===========================================================
+``lang``           :func:`set_language` and :func:`tr`: the viz layer's words in Chinese
 ``fmt``            text helpers: :class:`Table`, :func:`say`, :func:`format_bytes`, widths,
                    :func:`agree` (agreement printed as a claim with its tolerance)
 ``static``         :func:`explore`: one explorer, precomputed (sliders that work without a
@@ -31,6 +32,7 @@ and ipywidgets load with it.
 """
 from types import ModuleType as _ModuleType
 
+from .lang import set_language, language, tr
 from .fmt import (display_width, pad, format_bytes, say, Table, agree, Agreement)
 from .static import (explore, precomputed_explorer, PrecomputedExplorer, MAX_OUTPUTS,
                      MAX_HTML_BYTES)

@@ -26,6 +26,7 @@ import torch
 from tokenflow.analysis.trace import COLORS, Trace, TraceEvent
 
 from .fmt import display_width, pad
+from .lang import language, tr
 
 __all__ = ["DIAGRAM_PATH", "TRACE_NODE", "Edge", "Diagram", "parse_mermaid", "load_diagram",
            "token_flow_diagram", "node_of", "diagram_trace_table", "trace_decode_step",
@@ -104,10 +105,18 @@ class Diagram:
         return "\n".join(lines)
 
     def _repr_markdown_(self) -> str:
-        return f"```mermaid\n{self.source.strip()}\n```\n"
+        return f"```mermaid\n{translated_labels(self.source.strip())}\n```\n"
 
     def __repr__(self) -> str:
         return self.text()
+
+
+def translated_labels(source: str) -> str:
+    """Mermaid ``source`` with each quoted label's lines looked up with
+    :func:`~tokenflow.viz.lang.tr` (the source itself in English)."""
+    def label(m):
+        return '"' + "<br/>".join(tr(part) for part in m.group(1).split("<br/>")) + '"'
+    return source if language() == "en" else re.sub(r'"([^"\n]*)"', label, source)
 
 
 def _style(spec: str) -> dict[str, str]:

@@ -13,6 +13,8 @@ import numbers
 import re
 import unicodedata
 
+from .lang import tr
+
 __all__ = ["display_width", "pad", "format_bytes", "say", "Table", "agree", "Agreement",
            "format_tolerance"]
 
@@ -63,6 +65,7 @@ def say(text: str, width: int = 88) -> None:
     """
     if width < 20:
         raise ValueError(f"width must be >= 20, got {width}")
+    text = tr(text)
     m = re.match(r"(\d+\.|-)\s", text)
     indent = " " * (len(m.group(0)) if m else 0)
     lines, line = [], ""
@@ -117,7 +120,7 @@ class Table:
     """
 
     def __init__(self, rows, headers, *, title: str | None = None, align=None, digits=None):
-        self.headers = [str(h) for h in headers]
+        self.headers = [tr(str(h)) for h in headers]
         n = len(self.headers)
         if n == 0:
             raise ValueError("headers must name at least one column")
@@ -125,7 +128,7 @@ class Table:
         for i, r in enumerate(self.rows):
             if len(r) != n:
                 raise ValueError(f"rows[{i}] has {len(r)} cells, headers has {n}")
-        self.title = title
+        self.title = tr(title)
         self.digits = [2 if d is None else d for d in _per_column(digits, n, "digits")]
         for d in self.digits:
             if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= 12:
@@ -144,7 +147,7 @@ class Table:
         if x is None:
             return ""
         if isinstance(x, bool) or not _is_number(x):
-            return str(x)
+            return tr(str(x))
         if isinstance(x, numbers.Integral):
             return f"{int(x):,}"
         d = self.digits[j]

@@ -18,6 +18,7 @@ import json
 import numbers
 
 from .fmt import Table
+from .lang import tr
 
 __all__ = ["explore", "precomputed_explorer", "PrecomputedExplorer", "MAX_OUTPUTS",
            "MAX_HTML_BYTES", "RUN_NOTE", "LIVE_NOTE"]
@@ -68,7 +69,7 @@ def _live_note_view() -> dict | None:
         import ipywidgets
     except ImportError:
         return None
-    note = ipywidgets.HTML(f'<span class="tf-note">{html.escape(LIVE_NOTE)}</span>')
+    note = ipywidgets.HTML(f'<span class="tf-note">{html.escape(tr(LIVE_NOTE))}</span>')
     return note._repr_mimebundle_().get(WIDGET_VIEW)
 
 
@@ -227,11 +228,12 @@ class PrecomputedExplorer:
         outs = "\n".join(
             f'<div class="tf-out" data-key="{key}"{"" if key == shown else hide}>{frag}</div>'
             for key, frag in self.fragments.items())
-        title = f'<div class="tf-title">{html.escape(self.title)}</div>' if self.title else ""
-        note = (f'<div class="tf-note tf-note-live"{hide}>Precomputed when the notebook ran: '
-                'moving a control shows the stored output for that setting (no kernel '
-                'needed).</div>')
-        run = (f'<div class="tf-note tf-note-run">{html.escape(RUN_NOTE)}</div>')
+        title = (f'<div class="tf-title">{html.escape(tr(self.title))}</div>' if self.title
+                 else "")
+        note = (f'<div class="tf-note tf-note-live"{hide}>' + tr(
+                'Precomputed when the notebook ran: moving a control shows the stored output '
+                'for that setting (no kernel needed).') + '</div>')
+        run = (f'<div class="tf-note tf-note-run">{html.escape(tr(RUN_NOTE))}</div>')
         return (f'<div class="tf-explorer">{title}\n<div class="tf-controls"{hide}>\n'
                 f"{_controls_html(self.controls, self.default)}\n</div>\n{note}\n{run}\n"
                 f"{outs}\n<script>{_REVEAL}</script>\n</div>")

@@ -1,0 +1,86 @@
+"""The language of the words the viz layer prints and draws: English, or Chinese for the
+Chinese notebooks (``notebooks/zh/``, written by ``scripts/zh_notebooks.py``).
+
+``set_language("zh")`` (the first code cell of every Chinese notebook) makes :func:`tr` look
+each English string up in ``data/outputs_zh.json``; numbers, code and names stay as they are.
+An entry is either a whole string (``"what it does"``) or a template whose ``{}`` stand for
+any text (``"{} tokens"``), its translation naming them ``{0}``, ``{1}``, ... in the order they
+appear in the English; a string with no entry stays English. :func:`tr` is the one lookup:
+:func:`~tokenflow.viz.fmt.say` (the "what you can now say" sentences), table headers and
+titles, the explorers' titles and notes, the diagram's labels, and every text matplotlib draws
+(titles, axis labels, legends, annotations: each is looked up as it is drawn).
+"""
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+__all__ = ["LANGUAGES", "set_language", "language", "tr"]
+
+LANGUAGES = ("en", "zh")
+CATALOG = Path(__file__).parent.parent / "data" / "outputs_zh.json"
+_state = {"lang": "en"}
+
+
+def set_language(lang: str) -> None:
+    """Print and draw in ``lang`` from now on in this process: ``"en"`` or ``"zh"``.
+
+    Raises:
+        ValueError: if ``lang`` is not one of :data:`LANGUAGES`.
+    """
+    if lang not in LANGUAGES:
+        raise ValueError(f"lang must be one of {LANGUAGES}, got {lang!r}")
+    _state["lang"] = lang
+    if lang != "en":
+        _translate_drawn_text()
+
+
+def language() -> str:
+    """The language set by :func:`set_language` (``"en"`` by default)."""
+    return _state["lang"]
+
+
+@lru_cache(maxsize=None)
+def _catalog(path: Path = CATALOG) -> tuple[dict, list]:
+    """(whole strings, [(compiled template, translation)]) of the Chinese catalog."""
+    entries = json.loads(path.read_text(encoding="utf-8"))["messages"]
+    exact = {k: v for k, v in entries.items() if "{}" not in k}
+    templates = [(re.compile("(.+?)".join(map(re.escape, k.split("{}"))), re.S), v)
+                 for k, v in entries.items() if "{}" in k]
+    return exact, templates
+
+
+def tr(text):
+    """``text`` in the language set by :func:`set_language`: its catalog entry, or ``text``
+    itself (also for anything that is not a str, and in English)."""
+    if _state["lang"] == "en" or not isinstance(text, str) or not text.strip():
+        return text
+    exact, templates = _catalog()
+    if text in exact:
+        return exact[text]
+    for pattern, zh in templates:
+        m = pattern.fullmatch(text)
+        if m:
+            return zh.format(*m.groups())
+    return text
+
+
+def _translate_drawn_text() -> None:
+    """Look every matplotlib text up with :func:`tr` as it is drawn (titles, labels, legends,
+    tick labels, annotations), once, for all figures of this process."""
+    from matplotlib.text import Text
+    if getattr(Text.draw, "_tokenflow_tr", False):
+        return
+    draw = Text.draw
+
+    def translated_draw(self, renderer, *args, **kwargs):
+        text = self.get_text()
+        zh = tr(text)
+        if zh != text:
+            self.set_text(zh)
+        return draw(self, renderer, *args, **kwargs)
+
+    translated_draw._tokenflow_tr = True
+    Text.draw = translated_draw

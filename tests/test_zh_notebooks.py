@@ -1,0 +1,148 @@
+"""The Chinese notebooks (notebooks/zh/, scripts/zh_notebooks.py) and the viz layer's language
+(tokenflow.viz.lang): generated from the English notebooks and the catalogs, current, the same
+code, the prose and the viz words in Chinese; a changed catalog makes the check fail."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    sys.modules[name] = mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+zh_notebooks = _script("zh_notebooks")
+participant_notebooks = _script("participant_notebooks")
+
+
+@pytest.fixture
+def zh():
+    """tokenflow.viz in Chinese for one test, English again after it."""
+    from tokenflow.viz import lang
+    lang.set_language("zh")
+    yield lang
+    lang.set_language("en")
+
+
+def test_zh_notebooks_are_current():
+    """Every chapter has its Chinese notebook, and each matches what the English notebook and
+    its catalog give now (`make zh-notebooks` after changing either)."""
+    assert zh_notebooks.check() == 0
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_zh_notebook_keeps_the_code_and_translates_the_prose(path):
+    """Same code cells in the same order (plus the language cell after the title), every
+    markdown cell of the English that has letters has Chinese, every code cell executed."""
+    en = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    zh = json.loads((zh_notebooks.ZH / path.name).read_text(encoding="utf-8"))["cells"]
+    assert zh[1]["id"] == zh_notebooks.LANGUAGE_CELL_ID
+    assert "remove-cell" in zh[1]["metadata"]["tags"]
+    del zh[1]
+    assert [c["cell_type"] for c in en] == [c["cell_type"] for c in zh]
+    for e, z in zip(en, zh):
+        if e["cell_type"] == "code":
+            assert e["source"] == z["source"]
+            assert z["execution_count"] is not None, "run `make zh-notebooks`"
+        elif re.search(r"[A-Za-z]{4}", "".join(e["source"])) and not \
+                "".join(e["source"]).lstrip().startswith(("$$", "```")):
+            assert CJK.search("".join(z["source"])), "".join(z["source"])[:200]
+
+
+def test_a_changed_catalog_makes_the_check_fail(tmp_path, monkeypatch):
+    """Change one translation of chapter 00 (in a copy of the catalogs): the stored Chinese
+    notebook no longer matches, so ``check`` exits 1; an untranslated message stays English."""
+    from babel.messages.pofile import read_po, write_po
+    locale = tmp_path / "notebooks"
+    locale.mkdir()
+    src = zh_notebooks.LOCALE / "00_token_flow.po"
+    with src.open("rb") as f:
+        cat = read_po(f)
+    msg = next(m for m in cat if m.id == "Chapter 0: the whole line, once")
+    msg.string = "第 0 章：整条路径"
+    with (locale / src.name).open("wb") as f:
+        write_po(f, cat)
+    monkeypatch.setattr(zh_notebooks, "LOCALE", locale)
+    assert zh_notebooks.check(["00"]) == 1
+    text, missing = zh_notebooks.translate_markdown("# Not in any catalog\n\nNor this.",
+                                                    {"Nor this.": "这句也不在。"})
+    assert text == "# Not in any catalog\n\n这句也不在。" and missing == ["Not in any catalog"]
+
+
+def test_translate_markdown_keeps_the_markup():
+    """Headings keep their level, list items their marker, table rows their pipes, a
+    dropdown its fence, code blocks and maths stay; every message found by its key."""
+    src = ("## 8. A heading\n\nOne para\nover two lines.\n\n- an item\n\n| a | b |\n|---|---|\n"
+           "| x | `y` |\n\n$$x = 1$$\n\n:::{dropdown} Solution\nInside.\n:::\n\n```python\n"
+           "Inside.\n```")
+    cat = {"8. A heading": "8\\. 标题", "One para over two lines.": "一段。", "an item": "一项",
+           "a": "甲", "b": "乙", "x": "丙", "Solution": "答案", "Inside.": "里面。"}
+    text, missing = zh_notebooks.translate_markdown(src, cat)
+    assert text == ("## 8\\. 标题\n\n一段。\n\n- 一项\n\n| 甲 | 乙 |\n|---|---|\n| 丙 | `y` |\n\n"
+                    "$$x = 1$$\n\n:::{dropdown} 答案\n里面。\n:::\n\n```python\nInside.\n```")
+    assert missing == ["`y`"]
+
+
+def test_tr_whole_strings_and_templates(zh):
+    """A whole string, a template with its pieces reordered, and what has no entry."""
+    assert zh.tr("what it does") == "作用"
+    assert zh.tr("layer 3") == "第 3 层"
+    assert zh.tr("no such words") == "no such words" and zh.tr(3) == 3
+    zh.set_language("en")
+    assert zh.tr("what it does") == "what it does"
+    with pytest.raises(ValueError, match="lang must be one of"):
+        zh.set_language("fr")
+
+
+def test_say_table_explorer_and_figure_in_chinese(zh, capsys):
+    """The viz layer's words in Chinese: a conclusion, a table's header, an explorer's note and
+    a matplotlib title (looked up as it is drawn); numbers unchanged."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tokenflow.viz import Table, precomputed_explorer, say
+    say("3. MHA would cost 2x that for the same model.")
+    assert capsys.readouterr().out == "3. 同一个模型若用 MHA，代价是它的 2 倍。\n"
+    assert "<th" in Table([[1, "x"]], ["step", "what it does"])._repr_html_()
+    assert Table([[1, "x"]], ["step", "what it does"]).headers == ["步骤", "作用"]
+    html = precomputed_explorer(lambda n: str(n), {"n": [1, 2]})._repr_html_()
+    assert "运行笔记本时已预先算好" in html and "Precomputed" not in html
+    fig, ax = plt.subplots()
+    ax.set_title("probability")
+    fig.canvas.draw()
+    assert ax.get_title() == "概率"
+    plt.close(fig)
+
+
+def test_the_catalog_templates_name_their_pieces():
+    """Each template's translation uses {0}..{n-1}, exactly the pieces its English has."""
+    from tokenflow.viz.lang import CATALOG
+    for en, zh in json.loads(CATALOG.read_text(encoding="utf-8"))["messages"].items():
+        n = en.count("{}")
+        assert sorted(set(map(int, re.findall(r"\{(\d+)\}", zh)))) == list(range(n)), en
+
+
+def test_zh_participant_notebooks(tmp_path):
+    """`make participant LANG=zh`: the Chinese copies, their exercise text saying what they
+    hold, in Chinese; an unknown language is refused."""
+    written = participant_notebooks.write_all(tmp_path, lang="zh")
+    assert len(written) == len(CHAPTERS)
+    for path in written:
+        text = json.dumps(json.loads(path.read_text(encoding="utf-8")), ensure_ascii=False)
+        assert "学员版" in text and "隐藏的单元格" not in text, path.name
+        assert "`# your answer` 单元格里" in text, path.name
+    with pytest.raises(ValueError, match="lang must be one of"):
+        participant_notebooks.participant({"cells": []}, lang="fr")
