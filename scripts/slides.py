@@ -374,6 +374,8 @@ body { margin: 0; background: #2b2d31; color: #1f2328;
 .slide .question { font-size: calc(30px * min(var(--k), 1)); margin: 0; }
 .slide .source { font-size: 18px; margin: 0; }
 .slide .source a { color: #59636e; }
+code, pre { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberation Mono",
+  monospace, "%(font)s"; }
 .slide code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberation Mono",
   monospace, "%(font)s"; font-size: 0.9em; background: #f3f4f6; padding: 0 0.2em;
   border-radius: 3px; }

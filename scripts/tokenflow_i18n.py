@@ -55,6 +55,9 @@ def _fonts():
     import sys
     if "tokenflow_web_fonts" not in sys.modules:
         path = Path(__file__).resolve().parents[1] / "src" / "tokenflow" / "viz" / "fonts.py"
+        if not path.is_file():           # a copy of the book without src/: the installed package
+            spec = importlib.util.find_spec("tokenflow")
+            path = Path(spec.submodule_search_locations[0]) / "viz" / "fonts.py"
         spec = importlib.util.spec_from_file_location("tokenflow_web_fonts", path)
         sys.modules["tokenflow_web_fonts"] = module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

@@ -207,6 +207,7 @@ _CSS = """
   font-size:.75rem;color:#666}
 .tf-mp-layers{border:1px solid #c08a1e;border-radius:6px;padding:.25rem;flex:3 1 14rem}
 .tf-mp-num{font-weight:600;white-space:nowrap;font-variant-numeric:tabular-nums}
+@media print{.tf-mp-num{white-space:normal;overflow-wrap:anywhere}}
 .tf-mp-params{margin:.1rem 0 .3rem}
 .tf-mp-scroll{overflow-x:auto;max-width:100%}
 .tf-mp-table{border-collapse:collapse;min-width:34rem;font-size:.8rem;margin:.2rem 0}

@@ -593,14 +593,14 @@ def chunked_prefill_time_plot(runs: dict, long_id, decode_id=0, title: str = "")
         worst = max((s.seconds for s in eng.steps if s.decode), default=0.0) * 1e3
         labels.append(f"budget {budget:,}\nlongest decode step {worst:.0f} ms")
     ax.set_yticks(range(len(runs)), labels, fontsize=MIN_FONT_PT)
-    ax.set_ylim(len(runs) + 0.2, -0.7)              # room for the legend below the lanes
+    ax.set_ylim(len(runs) + 0.7, -0.7)              # room for the legend below the lanes
     ax.set_xlabel("time since the first step (ms, this CPU)")
     ax.legend(handles=[Patch(color=COLORS["hidden"], label=f"step with a chunk of request "
                              f"{long_id}'s prompt"),
                        Patch(color=COLORS["token"], label="decode-only step"),
                        plt.Line2D([], [], color="black", marker="|", ls="", ms=7,
                                   label=f"a token of request {decode_id}")],
-              fontsize=MIN_FONT_PT, loc="lower right", ncol=3)
+              fontsize=MIN_FONT_PT, loc="lower right", ncol=2)
     ax.set_title(title or "engine steps on a time axis: the decode stall", fontsize=10)
     fig.tight_layout()
     return fig
