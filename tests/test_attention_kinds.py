@@ -163,6 +163,9 @@ def test_sparse_decode_reads_by_hand():
     assert sparse_decode_reads(v3, 131072, 2048, 128, sparse_entry_bytes=None)["selected"] \
         == 2048 * entry
     assert r["indexer"] == 61 * 131072 * 128
+    # a BF16 indexer key costs twice the FP8 one
+    assert sparse_decode_reads(v3, 131072, 2048, 128, index_bytes_per_element=2)["indexer"] \
+        == 2 * 61 * 131072 * 128
     assert r["sparse"] == r["indexer"] + r["selected"]
     short = sparse_decode_reads(v3, 100, index_topk=2048, index_head_dim=128,
                                 sparse_entry_bytes=None)

@@ -157,6 +157,9 @@ def test_chunked_prefill_sentence_follows_the_numbers():
     assert "budget 256 it came 4.5 ms later (69.3 ms)" in s
     assert "budget 64 it came 4.8 ms sooner (60.0 ms)" in s
     assert "longest decode step took 84 ms" in s
+    # a slower step that only prefills is no decode step
+    runs[2048].steps.append(SimpleNamespace(seconds=0.5, decode=[]))
+    assert "longest decode step took 84 ms" in chunked_prefill_sentence(runs, 4, 2048)
     with pytest.raises(ValueError, match="baseline"):
         chunked_prefill_sentence(runs, 4, 1)
 

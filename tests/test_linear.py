@@ -43,3 +43,17 @@ def test_small_weight_and_grad_use_f_linear():
     y = linear(torch.randn(2, 512), big)               # grad on: autograd reaches the weight
     y.sum().backward()
     assert big.grad is not None and not hasattr(big, "_tf_packed")
+
+
+def test_a_non_fp32_input_takes_f_linears_path():
+    """A large fp32 weight with a float64 input: F.linear's own answer (its dtype error), not
+    oneDNN's packed kernel on mismatched dtypes."""
+    w = torch.randn(2048, 512) * 0.02
+    x = torch.randn(3, 512, dtype=torch.float64)
+    with torch.no_grad():
+        with pytest.raises(RuntimeError) as ours:
+            linear(x, w)
+        with pytest.raises(RuntimeError) as ref:
+            F.linear(x, w)
+    assert str(ours.value) == str(ref.value)
+    assert not hasattr(w, "_tf_packed")
