@@ -1,4 +1,4 @@
-"""[P1] Every figure of the book draws with the font the book ships, never a system font.
+"""Every figure of the book draws with the font the book ships, never a system font.
 
 * The bundled font (``tokenflow/data/fonts``, Noto Sans CJK SC subsets, OFL) has a glyph for
   every character the figures can show (corpus, tokenizer vocabulary, notebooks, package

@@ -1,4 +1,4 @@
-"""[P1] Nothing stored in a notebook may depend on the host that ran it.
+"""Nothing stored in a notebook may depend on the host that ran it.
 
 * Every notebook cell whose output nbval compares (no ``nbval-ignore-output`` tag) prints an
   agreement between two computations as a claim with its tolerance
