@@ -220,6 +220,30 @@ def ops_table(data: dict, models: tuple = ("tiny", "dense-92m"), threads: str = 
     return "\n".join(lines) + "\n\n" + notes
 
 
+def ops_summary(data: dict, model: str = "dense-92m", threads: str = "1") -> str:
+    """One sentence on ``model``'s profile: the matrix products' milliseconds of each step
+    with their multiple of the floor, then the decode step's two largest other classes.
+
+    Raises:
+        KeyError: no ``ops`` entry for ``model`` at ``threads``, or no ``linear (GEMM)`` class.
+    """
+    r = data["ops"]["models"][model][threads]
+    gemm = "linear (GEMM)"
+
+    def part(kind: str) -> str:
+        s = r[kind]
+        ms, fl = s["ms"][gemm], s["floor_ms"][gemm]
+        return f"{ms:,.0f} of the {kind} step's {s['wall_ms']:,.0f} ms ({ms / fl:.1f}x their floor)"
+
+    d = r["decode"]
+    rest = sorted((c for c in d["ms"] if c != gemm), key=lambda c: -d["ms"][c])[:2]
+    named = " and ".join(
+        f"{c} at {d['ms'][c]:.1f} ms" + (f" ({d['ms'][c] / d['floor_ms'][c]:.1f}x its floor)"
+                                         if d["floor_ms"].get(c) else "") for c in rest)
+    return (f"On {model} the matrix products take {part('prefill')} and {part('decode')}; "
+            f"the decode step's next largest classes are {named}.")
+
+
 def _block(begin: str, end: str) -> re.Pattern:
     return re.compile(re.escape(begin) + r"\n.*?\n" + re.escape(end), re.S)
 
@@ -244,8 +268,8 @@ def render(page: str, data: dict) -> str:
     page = _block(VLLM_BEGIN, VLLM_END).sub(
         lambda m: f"{VLLM_BEGIN}\n{vllm_table(data)}\n{VLLM_END}", page)
     return _block(OPS_BEGIN, OPS_END).sub(
-        lambda m: f"{OPS_BEGIN}\n{vllm_table(data, 'dense-92m')}\n\n{ops_table(data)}\n"
-                  f"{OPS_END}", page)
+        lambda m: f"{OPS_BEGIN}\n{vllm_table(data, 'dense-92m')}\n\n{ops_table(data)}\n\n"
+                  f"{ops_summary(data)}\n{OPS_END}", page)
 
 
 def main(argv: list[str]) -> int:

@@ -140,3 +140,21 @@ def test_ops_table_comes_from_the_json():
     assert lines[3] == "| sampling | 0.5 | 0.5 | 0.5 | 0.5 |"
     assert lines[4] == "| whole step | 500.0 | 40.0 | 500.0 | 40.0 |"
     assert "120 GFLOP/s" in lines[-1] and "9.5 GB/s" in lines[-1]
+
+
+def test_ops_summary_names_the_gemm_share_and_the_next_classes():
+    """The sentence under the op table quotes the JSON: GEMM milliseconds of each step over the
+    step's wall time with the multiple of their floor, then the decode step's two largest other
+    classes, largest first, a floor multiple only where the class has a floor."""
+    def step(gemm, wall, other):
+        ms = {"linear (GEMM)": gemm, **other}
+        return dict(step=0, num_tokens=256, num_seqs=6, wall_ms=wall, ms=ms,
+                    floor_ms={"linear (GEMM)": gemm / 2, "RoPE": 1.0})
+    model = {"prefill": step(300.0, 400.0, {"RoPE": 3.0, "sampling": 1.0}),
+             "decode": step(50.0, 80.0, {"RoPE": 4.0, "sampling": 9.0, "Python": 2.0})}
+    data = {"ops": {"models": {"dense-92m": {"1": model}}}}
+    s = bench_table.ops_summary(data)
+    assert "300 of the prefill step's 400 ms (2.0x their floor)" in s
+    assert "50 of the decode step's 80 ms (2.0x their floor)" in s
+    assert s.endswith("are sampling at 9.0 ms and RoPE at 4.0 ms (4.0x its floor).")
+    assert "Python" not in s

@@ -57,3 +57,15 @@ def test_a_non_fp32_input_takes_f_linears_path():
             F.linear(x, w)
     assert str(ours.value) == str(ref.value)
     assert not hasattr(w, "_tf_packed")
+
+
+def test_inside_torch_compile_it_is_f_linear(monkeypatch):
+    """While ``torch.compile`` traces, the packed op is not used (Inductor cannot lower it with
+    a packed weight input): the call is ``F.linear``, bit for bit, and nothing is packed."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    w = torch.randn(2048, 512) * 0.02
+    x = torch.randn(5, 512)
+    with torch.inference_mode():
+        got = linear(x, w)
+    assert torch.equal(got, F.linear(x, w))
+    assert not hasattr(w, "_tf_packed")

@@ -15,8 +15,9 @@ checkpoints and training use it). It is rebuilt when the weight is replaced or c
 place (its data pointer or version counter moved). Small weights (under
 :data:`PACK_MIN_NUMEL` values) stay on ``F.linear``: a oneDNN call costs tens of
 microseconds more than MKL's, which is more than a small matrix product takes. With gradients
-on, on other devices or dtypes, it is ``F.linear``. Values agree with ``F.linear`` to float32
-rounding (the kernels sum in another order; tested).
+on, on other devices or dtypes, and inside ``torch.compile`` (Inductor lowers ``F.linear``
+itself and cannot take the packed copy as an input), it is ``F.linear``. Values agree with
+``F.linear`` to float32 rounding (the kernels sum in another order; tested).
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x [..., K] @ weight [N, K]^T -> [..., N]`` (``F.linear(x, weight)``, no bias)."""
     if not (_CAN_PACK and weight.numel() >= PACK_MIN_NUMEL and weight.device.type == "cpu"
             and weight.dtype == torch.float32 and x.dtype == torch.float32
-            and not torch.is_grad_enabled()):
+            and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
         return F.linear(x, weight)
     key = (weight.data_ptr(), _version(weight))
     hit = getattr(weight, "_tf_packed", None)
