@@ -111,6 +111,14 @@ def test_block_table_rows_are_the_block_managers_state():
     assert block_table_sentence(eng.block_manager, running) == (
         f"2 requests hold 4 physical blocks for 6 logical ones; blocks {sorted(t0[:2])} are "
         "shared, reference count 2.")
+    # a third request shares only the first prefix block: counts 3 and 2, in block order
+    eng.add_request(shared[:4] + [40, 41, 42, 43, 44], SamplingParams(4, ignore_eos=True))
+    eng.step()
+    running = list(eng.scheduler.running)
+    first, second = running[0].block_table[:2]
+    assert block_table_sentence(eng.block_manager, running).endswith(
+        f"blocks {sorted([first, second])} are shared, reference counts "
+        + ("3 and 2." if first < second else "2 and 3."))
     bm = BlockManager(4, 4)
     with pytest.raises(ValueError, match="holds no blocks"):
         block_table_rows(bm, [_req("a", 3, [])])
@@ -143,6 +151,20 @@ def test_kv_slot_usage_counts_by_hand():
         "busiest step the reservation needs 32 slots, the pool has 32.")
     with pytest.raises(ValueError, match="reserve_len"):
         kv_slot_usage(eng.steps, [], 8, 4, 0)
+
+
+def test_kv_slot_usage_adds_up_a_prompt_prefilled_in_chunks():
+    """A budget of 4 tokens a step splits a 7-token prompt: 4 K/V after step 0, 7 after
+    step 1 (the last chunk gives the first token), then the one decode gives the last token
+    and frees the request."""
+    eng = LLMEngine(random_model(), num_blocks=8, block_size=4, max_num_seqs=1,
+                    max_num_batched_tokens=4, enable_prefix_caching=False)
+    outs, arr = run_with_arrivals(eng, [list(range(10, 17))], SamplingParams(2, ignore_eos=True),
+                                  [0])
+    assert [len(s.prefill) for s in eng.steps] == [1, 1, 0]
+    u = kv_slot_usage(eng.steps, request_timeline(eng, arr, outs), 8, 4, reserve_len=16)
+    assert u["used"] == [4, 7, 0]
+    assert all(p >= n for p, n in zip(u["paged"], u["used"]))
 
 
 def _eng(ttft_s, step_s):

@@ -255,3 +255,28 @@ def test_the_page_embeds_every_bundled_model_and_both_scripts():
     assert "TokenflowModelCalc" in page and "TokenflowModelPage" in page
     with pytest.raises(ValueError, match="default"):
         model_page("GPT-5")
+
+
+# Unit boundaries, where rounding to 3 significant digits moves a number to the next unit.
+_TIME_EDGES = [(0.9994, "999 ms"), (0.9996, "1.00 s"), (0.0009994, "999 \u00b5s"),
+               (0.0009996, "1.00 ms"), (0.0123, "12.3 ms"), (9.9996e-7, "1.00 \u00b5s"),
+               (0.0, "0 s"), (1234.5, "1235 s")]
+_SI_EDGES = [(999.4, "999 B"), (999.6, "1.00 kB"), (999_449.0, "999 kB"),
+             (999_600.0, "1.00 MB"), (0.0, "0 B")]
+
+
+@pytest.mark.skipif(not NODE, reason="node is needed")
+def test_units_switch_where_rounding_reaches_1000_in_js_and_python():
+    """Just under a unit boundary a value prints in the smaller unit; from where its 3-digit
+    rounding reaches 1000 it prints as 1.00 of the next unit, in the page and in Python."""
+    js = (f"const TF = require(process.env.TF_CALC);"
+          f"process.stdout.write(JSON.stringify([{[v for v, _ in _TIME_EDGES]}.map(TF.fmtTime),"
+          f"{[v for v, _ in _SI_EDGES]}.map(v => TF.fmtSI(v, 'B'))]));")
+    res = subprocess.run([NODE, "-e", js], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "TF_CALC": str(CALC)})
+    assert res.returncode == 0, res.stderr
+    times, sis = json.loads(res.stdout)
+    assert times == [want for _, want in _TIME_EDGES]
+    assert sis == [want for _, want in _SI_EDGES]
+    assert [fmt_time(v) for v, _ in _TIME_EDGES] == [want for _, want in _TIME_EDGES]
+    assert [fmt_si(v, "B") for v, _ in _SI_EDGES] == [want for _, want in _SI_EDGES]

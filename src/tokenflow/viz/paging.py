@@ -200,7 +200,7 @@ def kv_slot_table(usage: dict):
 
 def block_table_sentence(block_manager, requests) -> str:
     """One sentence on :func:`block_table_rows`: requests, physical vs logical blocks, the
-    shared blocks and their reference count (the first shared block's)."""
+    shared blocks and their reference counts (one number when they all have the same)."""
     rows = block_table_rows(block_manager, requests)
     shared = sorted({r["physical"] for r in rows if r["shared"]})
     physical = len({r["physical"] for r in rows})
@@ -208,8 +208,11 @@ def block_table_sentence(block_manager, requests) -> str:
             f"logical ones")
     if not shared:
         return text + "; no block is shared."
-    return (text + f"; blocks {shared} are shared, reference count "
-            f"{block_manager.blocks[shared[0]].ref_count}.")
+    counts = [block_manager.blocks[b].ref_count for b in shared]
+    if len(set(counts)) == 1:
+        return text + f"; blocks {shared} are shared, reference count {counts[0]}."
+    listed = ", ".join(map(str, counts[:-1])) + f" and {counts[-1]}"
+    return text + f"; blocks {shared} are shared, reference counts {listed}."
 
 
 def kv_slot_sentence(usage: dict) -> str:
