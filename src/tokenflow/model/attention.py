@@ -16,7 +16,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .config import ModelConfig
+from tokenflow.config import ModelConfig
 from .fused import PackedWeights, linear_weights, packed_rows
 from .kv_cache import CacheStep, PackedCacheStep, attention_mask_for
 from .linear import linear

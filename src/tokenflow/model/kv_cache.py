@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import ModelConfig
+from tokenflow.config import ModelConfig
 
 __all__ = ["CacheStep", "PackedCacheStep", "CacheStorage", "KVCache", "cache_entries",
            "uncached_step", "attention_mask_for"]

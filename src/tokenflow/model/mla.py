@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import _sdpa, _hides_no_key
-from .config import ModelConfig
+from tokenflow.config import ModelConfig
 from .kv_cache import CacheStep, PackedCacheStep
 from .norm import RMSNorm
 from .rope import apply_rope, yarn_softmax_scale

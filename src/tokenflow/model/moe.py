@@ -53,14 +53,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenflow.validate import integer
-from .config import TOPK_METHODS, ModelConfig
+from tokenflow.config import SCORING_FUNCS, TOPK_METHODS, ModelConfig
 from .ffn import FFN, activation
 from .fused import PackedWeights, linear_weights, packed_rows
 
 __all__ = ["Router", "MoE", "route", "check_top_k", "Dispatch", "dispatch", "run_experts",
            "combine", "switch_balance_loss"]
 
-_SCORING = ("softmax", "sigmoid")
 # Grouped matrix product (torch >= 2.10 public; older: the private op; None: not available).
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 _GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)            # what it accepts
@@ -131,8 +130,8 @@ def route(x: torch.Tensor, weight: torch.Tensor, top_k: int, *, scoring_func: st
         raise ValueError(f"weight must have shape [E, H={x.shape[1]}], got {list(weight.shape)}")
     E = weight.shape[0]
     check_top_k(top_k, E)
-    if scoring_func not in _SCORING:
-        raise ValueError(f"scoring_func must be one of {_SCORING}, got {scoring_func!r}")
+    if scoring_func not in SCORING_FUNCS:
+        raise ValueError(f"scoring_func must be one of {SCORING_FUNCS}, got {scoring_func!r}")
     if topk_method not in TOPK_METHODS:
         raise ValueError(f"topk_method must be one of {TOPK_METHODS}, got {topk_method!r}")
     _check_groups(E, top_k, n_group, topk_group)

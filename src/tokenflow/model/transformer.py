@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .attention import Attention
-from .config import ModelConfig
+from tokenflow.config import ModelConfig
 from .ffn import FFN
 from .kv_cache import CacheStorage, KVCache, PackedCacheStep, uncached_step
 from .mla import MLAttention

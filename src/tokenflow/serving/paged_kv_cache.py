@@ -56,7 +56,7 @@ from itertools import accumulate
 
 import torch
 
-from tokenflow.model.config import ModelConfig
+from tokenflow.config import ModelConfig
 from tokenflow.model.kv_cache import (CacheStep, CacheStorage, PackedCacheStep,
                                       attention_mask_for, cache_entries)
 
