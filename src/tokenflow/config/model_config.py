@@ -260,7 +260,8 @@ class ModelConfig:
         for name in ("attention_bias", "attention_out_bias", "qk_norm", "attention_sinks",
                      "gated_mlp", "mlp_bias", "router_bias", "shared_expert_gate"):
             boolean(name, getattr(self, name))
-        for name, allowed in (("norm_type", NORM_TYPES), ("position_embedding_type", POSITION_TYPES)):
+        for name, allowed in (("norm_type", NORM_TYPES),
+                              ("position_embedding_type", POSITION_TYPES)):
             choice(name, getattr(self, name), allowed)
         w = integer("sliding_window", self.sliding_window, 1, none=True)
         lt = self.layer_types
