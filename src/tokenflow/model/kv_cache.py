@@ -92,8 +92,9 @@ def attention_mask_for(valid: torch.Tensor, start: int, S: int) -> torch.Tensor:
 class CacheStep:
     """What one forward pass writes and reads: built once by the storage (``begin_step``, or
     :meth:`~tokenflow.PagedKVCache.packed_step`) and handed to every layer, which passes it
-    back to ``update`` (nano-vllm's ``Context``, vLLM's attention metadata). One class for the
-    three layouts; a layout leaves the others' fields at their defaults.
+    back to ``update`` (nano-vllm's ``Context``, ``nanovllm/utils/context.py``; vLLM's
+    attention metadata). One class for the three layouts; a layout leaves the others' fields
+    at their defaults.
 
     Every step:
         start: slot of the first new token; the new tokens go to slots ``[start, start+S)``
