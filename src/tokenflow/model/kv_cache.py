@@ -1,29 +1,16 @@
-"""The KV cache: one small interface, the contiguous storage behind it, and its size.
+"""The KV cache: the interface every storage implements, and the contiguous storage.
 
-**The interface** (ARCHITECTURE.md, section 2). Once per forward pass the model asks the cache for a
-:class:`CacheStep` (``begin_step``): the new tokens' RoPE positions, the slots they go to and
-what each query may see (the mask). Each attention layer then makes one call, ``update(layer,
-step, *entries)``, which writes the new tokens' entries and returns the entries of every
-filled slot to attend over. What an entry is depends on the attention kind
-(:func:`cache_entries`):
+The interface (ARCHITECTURE.md, section 2): once per forward pass the model asks the cache for
+a :class:`CacheStep` (``begin_step``); each attention layer then makes one ``update(layer,
+step, *entries)`` call, which writes the new tokens' entries and returns those of every filled
+slot, ``[B, heads, L, dim]`` each. An entry (:func:`cache_entries`) is ``k`` and ``v`` for
+grouped-query attention, ``latent`` and ``k_rope`` for multi-head latent attention.
 
-* grouped-query attention: ``k`` and ``v``, ``[n_kv, D]`` per token;
-* multi-head latent attention (DeepSeek-V2/V3): ``latent`` ``[kv_lora_rank]`` (normalised)
-  and ``k_rope`` ``[qk_rope_head_dim]`` (the rotated key shared by all heads), stored as one
-  "head".
-
-Every entry tensor has the layout ``[B, heads, tokens, dim]``. A storage implements
-:class:`CacheStorage`; :class:`KVCache` is the contiguous one (gpt-fast's ``KVCache``, HF's
-``StaticCache``; its paged sibling is :mod:`tokenflow.serving.paged_kv_cache`): per layer and entry
-one preallocated ``[B, heads, max_len, dim]`` tensor, slots ``[0, length)`` filled.
-``valid[b, slot]`` says whether a filled slot holds a real token (False for left padding),
-and ``num_real[b]`` counts the real tokens of row ``b``, which is also the RoPE position of
-its next token.
-
-Bytes per token (all layers): GQA ``2 * layers * n_kv * D * bytes``; MLA ``layers *
-(kv_lora_rank + qk_rope_head_dim) * bytes``;
-:func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token` is the formula, and
-``bytes_per_token()`` measured from the tensors equals it (tested).
+:class:`KVCache` is the contiguous storage (gpt-fast's ``KVCache``, HF's ``StaticCache``; the
+paged one is :mod:`tokenflow.serving.paged_kv_cache`). Its ``bytes_per_token()``, measured
+from the tensors, equals :func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token`
+(tested): GQA ``2 * layers * n_kv * D * bytes``, MLA ``layers * (kv_lora_rank +
+qk_rope_head_dim) * bytes``.
 """
 from __future__ import annotations
 
@@ -32,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tokenflow.config import ModelConfig
+from tokenflow.validate import integer
 
 __all__ = ["CacheStep", "CacheStorage", "KVCache", "cache_entries", "uncached_step",
            "attention_mask_for"]
@@ -317,12 +305,9 @@ class KVCache(CacheStorage):
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
         if max_len is None:
             max_len = config.max_position_embeddings
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if not isinstance(max_len, int) or not 1 <= max_len <= config.max_position_embeddings:
-            raise ValueError(
-                f"max_len must be in [1, max_position_embeddings="
-                f"{config.max_position_embeddings}], got {max_len!r}")
+        integer("batch_size", batch_size, 1)
+        integer("max_len", max_len, 1, config.max_position_embeddings,
+                hi_name="max_position_embeddings")
         self.config, self.batch_size, self.max_len = config, batch_size, max_len
         self.entries = cache_entries(config)
         self.layers = [tuple(torch.zeros(batch_size, heads, max_len, dim, dtype=dtype,

@@ -56,6 +56,7 @@ from itertools import accumulate
 import torch
 
 from tokenflow.config import ModelConfig
+from tokenflow.validate import integer
 from tokenflow.model.kv_cache import CacheStep, CacheStorage, attention_mask_for, cache_entries
 
 __all__ = ["PagedKVCache", "pool_rows", "block_rows"]
@@ -125,9 +126,8 @@ class PagedKVCache(CacheStorage):
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-        for name, v in (("num_blocks", num_blocks), ("block_size", block_size)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        integer("num_blocks", num_blocks, 1)
+        integer("block_size", block_size, 1)
         self.config, self.num_blocks, self.block_size = config, num_blocks, block_size
         self.entries = cache_entries(config)
         self.layers = [tuple(torch.zeros(num_blocks, heads, block_size, dim, dtype=dtype,
