@@ -250,3 +250,18 @@ def test_an_explicit_null_is_not_replaced_by_the_default():
     assert _from_hf(dict(full, sliding_window=None)).sliding_window is None
     assert _from_hf({k: v for k, v in full.items() if k != "sliding_window"}
                     ).sliding_window == 4096
+
+
+@pytest.mark.parametrize("kind, extra", [
+    ("yarn", {}), ("llama3", dict(low_freq_factor=1.0, high_freq_factor=4.0)), ("linear", {})])
+def test_rope_scaling_without_its_original_length_takes_the_hf_default(kind, extra):
+    """A llama3 or yarn ``rope_parameters`` without ``original_max_position_embeddings``
+    gets ``max_position_embeddings``, as ``transformers``' rope standardisation fills it; a
+    linear scaling gets none."""
+    rope = {"rope_type": kind, "factor": 4.0, "rope_theta": 10000.0, **extra}
+    hf = transformers.LlamaConfig(max_position_embeddings=8192, rope_parameters=dict(rope))
+    ours = ModelConfig.from_hf_config(_llama(max_position_embeddings=8192,
+                                             rope_parameters=dict(rope)))
+    want = hf.rope_parameters.get("original_max_position_embeddings")
+    assert (want == 8192) == (kind != "linear")
+    assert ours.rope_scaling.get("original_max_position_embeddings") == want

@@ -4,6 +4,7 @@
     analysis  serving  parallel  interop   measure, serve, split, convert
     inference  explain                     generate / sampling / phases; what chapters open up
     model                                  what a token passes through
+    config                                 what a model is (ModelConfig, presets, HF configs)
     validate                               the argument checks every part shares
 
 Every ``import`` and ``from ... import`` counts, module level or inside a function, since a
@@ -19,9 +20,11 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tokenflow"
 
 # which top-level parts of tokenflow each part may import (itself always allowed)
 # ``validate`` (the argument checks every entry point shares) imports nothing from tokenflow
-# and every part may import it; ``explain`` (what the chapters open up) sees only the model.
+# and every part may import it; ``config`` imports only ``validate`` and every part above it may
+# import it; ``explain`` (what the chapters open up) sees only the model.
 ALLOWED = {
     "validate": set(),
+    "config": set(),
     "model": set(),
     "explain": {"model"},
     "inference": {"model"},
@@ -38,6 +41,8 @@ ALLOWED = {
 for _part, _allowed in ALLOWED.items():
     if _part != "validate":
         _allowed.add("validate")
+    if _part not in ("validate", "config"):
+        _allowed.add("config")
 
 
 def module_name(path: Path) -> str:
@@ -145,7 +150,7 @@ def graph():
 def test_graph_sees_the_packages(graph):
     # a sanity check that the parser resolves relative and absolute imports
     assert "tokenflow.model.kv_cache" in graph["tokenflow.model.attention"]
-    assert "tokenflow.model.config" in graph["tokenflow.interop.checkpoint"]
+    assert "tokenflow.config" in graph["tokenflow.interop.checkpoint"]
     assert {part(m) for m in graph} >= {"model", "inference", "serving", "parallel", "analysis",
                                          "interop", "viz"}
 
@@ -171,7 +176,9 @@ def test_nothing_outside_viz_imports_viz(graph):
     ("tokenflow.serving.runner", "tokenflow.interop.checkpoint"),    # serving -> interop
     ("tokenflow.model.moe", "tokenflow.explain.moe"),                # model -> explain
     ("tokenflow.explain.trace", "tokenflow.inference.generate"),     # explain -> inference
-    ("tokenflow.validate", "tokenflow.model.config"),                # validate -> anything
+    ("tokenflow.validate", "tokenflow.config.model_config"),         # validate -> anything
+    ("tokenflow.config.model_config", "tokenflow.model.ffn"),        # config -> model
+    ("tokenflow.config.hf_config", "tokenflow.interop.hf_models"),   # config -> interop
 ])
 def test_an_upward_import_is_caught(graph, src, dst):
     planted = {m: set(d) for m, d in graph.items()}
@@ -187,7 +194,28 @@ def test_a_cycle_is_caught(graph):
 
 def test_explain_sees_only_the_model(graph):
     used = {part(d) for m, deps in graph.items() if part(m) == "explain" for d in deps}
-    assert used <= {"explain", "model", "validate"} and "model" in used
+    assert used <= {"explain", "model", "config", "validate"} and "model" in used
+
+
+def test_the_model_sees_only_its_config(graph):
+    used = {part(d) for m, deps in graph.items() if part(m) == "model" for d in deps}
+    assert used <= {"model", "config", "validate"} and "config" in used
+
+
+def test_the_moved_modules_keep_their_old_import_paths():
+    """``tokenflow.model.config`` and ``tokenflow.model.hf_config`` (the paths chapters, tests
+    and docs use) are the modules that now live in ``tokenflow.config``."""
+    import importlib
+
+    from tokenflow.config import OLD_PATHS
+    assert OLD_PATHS
+    for old, new in OLD_PATHS.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+    from tokenflow.model.config import ModelConfig, preset
+    from tokenflow.model.hf_config import parse_hf_config
+    import tokenflow
+    assert ModelConfig is tokenflow.ModelConfig and preset is tokenflow.preset
+    assert parse_hf_config is tokenflow.config.parse_hf_config
 
 
 def test_the_moved_names_keep_their_old_import_paths():

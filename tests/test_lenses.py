@@ -46,7 +46,7 @@ def test_profiling_changes_nothing_and_leaves_no_hooks(model, profiled):
     for m in model.modules():
         assert not m._forward_hooks and not m._forward_pre_hooks
     for obj, name in ((engine.scheduler, "schedule"), (engine.runner, "execute"),
-                      (engine.runner.storage, "forward"), (engine.runner.storage.cache, "update"),
+                      (engine.runner.strategy, "forward"), (engine.runner.strategy.cache, "update"),
                       (engine, "_finish")):
         assert name not in vars(obj), f"{name} still wrapped"
 
@@ -96,7 +96,7 @@ def test_injected_delays_land_where_they_were_put():
         return F.linear(x, lm.weight)
     lm.forward = slow_head
     engine = LLMEngine(model, **SETTINGS)
-    cache = engine.runner.storage.cache
+    cache = engine.runner.strategy.cache
     update = cache.update
 
     def slow_update(*args):

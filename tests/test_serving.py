@@ -101,14 +101,14 @@ def test_all_blocks_back_in_free_list(run):
     bm = engine.block_manager
     assert sorted(bm.free_block_ids) == list(range(bm.num_blocks))
     assert all(b.ref_count == 0 for b in bm.blocks)
-    assert len(engine.runner.storage) == 0
+    assert len(engine.runner.strategy) == 0
     assert not engine.has_unfinished()
 
 
 def test_paged_storage_shares_prefix_hits_instead_of_recomputing(run):
     engine = run[0]
     recomputed = engine.metrics()["num_recomputed_tokens"]
-    if engine.runner.storage.__class__.__name__ == "PagedRunner":
+    if engine.runner.strategy.__class__.__name__ == "PagedRunner":
         assert recomputed == 0
     else:
         assert recomputed >= 12                         # the contiguous one recomputes them
@@ -415,8 +415,8 @@ def test_contiguous_storage_matches_own_caches(model):
     """Decode rows of several requests in one step give the logits of each request decoded
     alone; a request freed and allocated again starts from an empty cache."""
     from tokenflow import KVCache, decode_step, prefill
-    from tokenflow.serving import ContiguousKVStorage, ScheduledChunk
-    store = ContiguousKVStorage(model)
+    from tokenflow.serving import ContiguousRunner, ScheduledChunk
+    store = ContiguousRunner(model)
     reqs = [_req(i, _ids(n, 20 + i), 8) for i, n in enumerate((5, 11, 8))]
     refs = []
     for r in reqs:

@@ -59,7 +59,7 @@ def _drain(engine):
 def _all_blocks_free(engine):
     bm = engine.block_manager
     return (sorted(bm.free_block_ids) == list(range(bm.num_blocks))
-            and all(b.ref_count == 0 for b in bm.blocks) and len(engine.runner.storage) == 0
+            and all(b.ref_count == 0 for b in bm.blocks) and len(engine.runner.strategy) == 0
             and not engine.has_unfinished())
 
 
@@ -341,7 +341,7 @@ def test_a_failing_forward_never_wedges_the_engine(model, monkeypatch, storage):
     """A forward that raises cannot be pinned on one request: that step's requests finish with
     ``"error"``; the engine steps on and serves the next requests exactly."""
     engine = _engine(model, kv_storage=storage)
-    real = engine.runner.storage.forward
+    real = engine.runner.strategy.forward
     calls = {"n": 0}
 
     def flaky(chunks):
@@ -349,7 +349,7 @@ def test_a_failing_forward_never_wedges_the_engine(model, monkeypatch, storage):
         if calls["n"] == 2:
             raise RuntimeError("device lost")
         return real(chunks)
-    monkeypatch.setattr(engine.runner.storage, "forward", flaky)
+    monkeypatch.setattr(engine.runner.strategy, "forward", flaky)
     prompts = [_ids(6, 30), _ids(6, 31)]
     outs = engine.run(prompts, SamplingParams(5, ignore_eos=True), use_tqdm=False)
     assert [o.finish_reason for o in outs] == ["error", "error"]
@@ -458,7 +458,7 @@ def test_abort_frees_blocks_at_once(model):
     free = engine.block_manager.num_free_blocks
     assert engine.abort(1) is True
     assert engine.block_manager.num_free_blocks == free + running[1]     # at once
-    assert 1 not in engine.runner.storage
+    assert 1 not in engine.runner.strategy
     assert engine.abort(2) is True                                       # a waiting one
     assert engine.abort(1) is False and engine.abort("nobody") is False
     out1 = engine.outputs[1]
@@ -863,14 +863,14 @@ def test_storage_counts_after_a_prefix_cache_hit(model, storage):
     engine.step()
     req = engine.scheduler.running[0]
     assert (req.num_cached_tokens, req.num_computed_tokens) == (12, 14)
-    assert engine.runner.storage.num_computed("b") == 14
+    assert engine.runner.strategy.num_computed("b") == 14
     s = engine.steps[-1]
     assert s.prefill == [("b", 2)]
     assert (s.num_tokens, s.num_positions) == (2, 14 if storage == "contiguous" else 2)
     assert engine.runner.num_positions == s.num_positions
     assert engine.metrics()["num_recomputed_tokens"] == (12 if storage == "contiguous" else 0)
     engine.step()                                    # a decode step after the hit
-    assert engine.runner.storage.num_computed("b") == 15
+    assert engine.runner.strategy.num_computed("b") == 15
     _drain(engine)
     assert engine.outputs["b"].output_token_ids == _greedy_ref(model, b, 3)
 
@@ -930,7 +930,7 @@ def test_max_num_tokens_and_contiguous_capacity(model):
     engine.add_request(prompt, SamplingParams(4, ignore_eos=True), request_id="a")
     engine.add_request(prompt, SamplingParams(3, ignore_eos=True), request_id="b")
     engine.step()
-    caches = engine.runner.storage.caches
+    caches = engine.runner.strategy.caches
     assert [caches[r].k[0].shape[2] for r in ("a", "b")] == [12, 8]
     _drain(engine)
     assert engine.outputs["a"].output_token_ids == _greedy_ref(model, prompt, 4)
@@ -1128,7 +1128,7 @@ def test_contiguous_capacity_capped_at_max_position_embeddings(block_size):
                      max_num_batched_tokens=64)
     engine.add_request(prompt, SamplingParams(6, ignore_eos=True), request_id="a")
     engine.step()
-    assert engine.runner.storage.caches["a"].k[0].shape[2] == limit
+    assert engine.runner.strategy.caches["a"].k[0].shape[2] == limit
     _drain(engine)
     out = engine.outputs["a"]
     assert out.finish_reason == "length"

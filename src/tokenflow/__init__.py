@@ -20,7 +20,7 @@ def _torch_problem():
 _TORCH_PROBLEM = _torch_problem()
 
 if _TORCH_PROBLEM is None:
-    from .model.config import ModelConfig, PRESETS, preset
+    from .config import ModelConfig, PRESETS, preset
     from .model.kv_cache import KVCache
     from .serving.paged_kv_cache import PagedKVCache
     from .explain.trace import Trace, TraceEvent, COLORS
@@ -31,6 +31,8 @@ if _TORCH_PROBLEM is None:
     from .interop.checkpoint import load_pretrained, load_model, save_model
     from . import explain
     explain.keep_old_paths()        # e.g. tokenflow.model.moe.load_stats, where chapters look
+    from .config import _keep_old_paths
+    _keep_old_paths()               # tokenflow.model.config, tokenflow.model.hf_config
 else:
     def __getattr__(name):
         """Every public name needs torch: say so, naming the cause and the fix."""

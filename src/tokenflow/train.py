@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .interop.checkpoint import DEFAULT_WEIGHTS, save_model
-from .model.config import preset
+from .config import preset
 from .model.transformer import TokenFlowModel
 from .tokenizer import Tokenizer, train_tokenizer
 

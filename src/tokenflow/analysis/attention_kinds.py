@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenflow.model.config import ModelConfig
+from tokenflow.config import ModelConfig
 from tokenflow.model.kv_cache import KVCache
 
 from . import costmodel

@@ -1,7 +1,7 @@
 """Back-of-envelope costs for real configs: parameters, KV-cache bytes, memory per device.
 
 Parameters (:func:`param_breakdown`) follow the modules of each family the config can
-describe (:mod:`tokenflow.model.hf_config`): GQA / MHA / MQA or MLA attention with optional biases,
+describe (:mod:`tokenflow.config.hf_config`): GQA / MHA / MQA or MLA attention with optional biases,
 q/k norms and sinks; SwiGLU or 2-matrix GELU FFN with optional biases; routed, shared and
 gated shared experts; RMSNorm or LayerNorm; RoPE or learned positions. For every family the
 count equals ``sum(p.numel())`` of the real module built from a tiny config (tested against
@@ -11,7 +11,7 @@ report, arXiv:2405.04434, Table 1) and sliding windows. FLOPs and time:
 """
 from __future__ import annotations
 
-from tokenflow.model.config import ModelConfig
+from tokenflow.config import ModelConfig
 
 __all__ = ["param_breakdown", "active_param_breakdown", "param_count", "active_param_count",
            "kv_cache_bytes_per_token", "kv_cache_bytes", "mla_kv_cache_bytes_per_token",

@@ -179,7 +179,7 @@ class _Recorder:
         self._patch(obj, name, make)
 
     def install(self) -> None:
-        e, storage = self.engine, self.engine.runner.storage
+        e, storage = self.engine, self.engine.runner.strategy
         self._timed(e.scheduler, "schedule", self._on_schedule)
         self._timed(e.scheduler, "update", lambda a, b, r: self._add_stage("response", b - a))
         self._timed(e, "_finish", lambda a, b, r: self._add_stage("response", b - a))
@@ -253,7 +253,7 @@ def profile_engine(engine):
     """
     if engine.steps:
         raise ValueError("engine must be fresh (no steps run) so steps and profiles match")
-    if not hasattr(engine.runner.storage, "cache"):
+    if not hasattr(engine.runner.strategy, "cache"):
         raise ValueError("engine must use kv_storage='paged' (the default)")
     rec = _Recorder(engine)
     rec.install()

@@ -25,7 +25,7 @@ import dataclasses
 import os
 import time
 
-from tokenflow.model.config import ModelConfig
+from tokenflow.config import ModelConfig
 from .costmodel import (A2A_PATHS, _check_count, _check_countable, forward_bytes,
                         moe_comm_bytes_per_token,
                         num_moe_layers)

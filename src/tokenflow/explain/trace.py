@@ -248,7 +248,7 @@ def trace_shapes(config, batch_size: int, seq_len: int, num_experts: int | None 
     and ``E``. Weights are random: only the shapes mean anything.
 
     Args:
-        config: a :class:`~tokenflow.model.config.ModelConfig` (e.g. ``model.config``).
+        config: a :class:`~tokenflow.config.ModelConfig` (e.g. ``model.config``).
         batch_size: B >= 1. seq_len: S in ``[1, max_position_embeddings]``.
         num_experts: E (>= 1) to use instead of ``config.num_experts``.
         num_experts_per_tok: K, default ``min(config.num_experts_per_tok, E)``.

@@ -1,7 +1,7 @@
 """Save and load weights with safetensors (no pickle); ``load_pretrained()`` for the book.
 
 The file stores every parameter and persistent buffer as a named tensor, and the
-:class:`~tokenflow.model.config.ModelConfig` as JSON in the safetensors metadata (key ``config``).
+:class:`~tokenflow.config.ModelConfig` as JSON in the safetensors metadata (key ``config``).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from tokenflow.model.config import ModelConfig
+from tokenflow.config import ModelConfig
 from tokenflow.model.transformer import TokenFlowModel
 from tokenflow.tokenizer import Tokenizer
 

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from .hf_models import hf_architecture, state_dict_to_hf, to_hf_config
+from .hf_architectures import hf_architecture, to_hf_config
+from .hf_models import state_dict_to_hf
 from .vllm_peer import vllm_problem
 from tokenflow.tokenizer import SPECIAL_TOKENS, Tokenizer
 

@@ -28,7 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tokenflow.model.config import ModelConfig
+from tokenflow.config import ModelConfig
 
 __all__ = ["VLLM_CPU_HEAD_SIZES", "VLLM_CPU_MLA_HEAD_SIZE", "vllm_problem", "make_llm",
            "generate_greedy", "vllm_python", "VLLMProcess", "start_vllm_server",

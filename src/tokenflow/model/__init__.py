@@ -1,7 +1,5 @@
 """What a token passes through: the model itself.
 
-``config``       :class:`ModelConfig` (Hugging Face field names) and the presets;
-                 ``hf_config`` parses an HF ``config.json`` into it
 ``norm``, ``rope``   RMSNorm; rotary position embedding (default / linear / llama3 / yarn)
 ``attention``    grouped-query attention reading and writing the KV cache
 ``mla``          multi-head latent attention (DeepSeek-V2/V3): latent cache, absorbed decode
@@ -12,6 +10,7 @@
 
 Only the forward path: what the chapters open up (the trace, attention step by step, the reference
 MoE loop, load statistics, the logit lens) is :mod:`tokenflow.explain`, which imports this package.
-This layer imports nothing else from tokenflow but :mod:`tokenflow.validate` (checked by
-``tests/test_layering.py``).
+The :class:`~tokenflow.config.ModelConfig` it is built from lives in :mod:`tokenflow.config`.
+This layer imports nothing else from tokenflow but :mod:`tokenflow.config` and
+:mod:`tokenflow.validate` (checked by ``tests/test_layering.py``).
 """

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .config import ModelConfig
+from tokenflow.config import ModelConfig
 from .fused import PackedWeights, linear_weights, packed_rows
-from .kv_cache import CacheStep, PackedCacheStep, attention_mask_for
+from .kv_cache import CacheStep, attention_mask_for
 from .linear import linear
 from .rope import RotaryEmbedding, apply_rope
 
@@ -105,7 +105,7 @@ class Attention(PackedWeights, nn.Module):
             x: ``[B,S,H]`` normalised hidden states of the new tokens.
             cos, sin: ``[B,1,S,D]`` RoPE tables for their positions.
             step: the forward pass's :class:`~tokenflow.model.kv_cache.CacheStep` (``mask
-                [B,1,S,L]``, ``start``); a :class:`~tokenflow.model.kv_cache.PackedCacheStep`
+                [B,1,S,L]``, ``start``); a packed step
                 when ``x`` is ``[1, T, H]``, several sequences end to end.
             kv_cache: a cache storage (:class:`~tokenflow.model.kv_cache.KVCache`): the new K/V are
                 written at the step's slots and all filled slots are read; or ``None``
@@ -126,7 +126,7 @@ class Attention(PackedWeights, nn.Module):
             k_all, v_all = kv_cache.update(self.layer_idx, step, k, v)   # [B, nkv, L, D]
         else:
             k_all, v_all = k, v
-        if isinstance(step, PackedCacheStep):     # sequences end to end: each its own context
+        if step.packed:     # sequences end to end: each its own context
             out = step.attend_each(self.attend, (q,), (k_all, v_all))     # [1, nh, T, D]
         else:
             out = self.attend(q, k_all, v_all, step.mask)                 # [B, nh, S, D]

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from tokenflow.config import HIDDEN_ACTS
 from .fused import PackedWeights, linear_weights, packed_rows
 from .linear import linear
 
@@ -22,8 +23,7 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_new": _gelu_tanh,
-               "gelu_pytorch_tanh": _gelu_tanh, "relu": F.relu}
+ACTIVATIONS = dict(zip(HIDDEN_ACTS, (F.silu, F.gelu, _gelu_tanh, _gelu_tanh, F.relu), strict=True))
 """``hidden_act`` names (``transformers``' ``ACT2FN`` keys) -> function: ``silu`` (SiLU),
 ``gelu`` (exact, erf), ``gelu_new`` and ``gelu_pytorch_tanh`` (the tanh approximation
 ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``; HF writes the first out, the second

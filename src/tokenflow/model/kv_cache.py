@@ -1,29 +1,16 @@
-"""The KV cache: one small interface, the contiguous storage behind it, and its size.
+"""The KV cache: the interface every storage implements, and the contiguous storage.
 
-**The interface** (ARCHITECTURE.md, section 2). Once per forward pass the model asks the cache for a
-:class:`CacheStep` (``begin_step``): the new tokens' RoPE positions, the slots they go to and
-what each query may see (the mask). Each attention layer then makes one call, ``update(layer,
-step, *entries)``, which writes the new tokens' entries and returns the entries of every
-filled slot to attend over. What an entry is depends on the attention kind
-(:func:`cache_entries`):
+The interface (ARCHITECTURE.md, section 2): once per forward pass the model asks the cache for
+a :class:`CacheStep` (``begin_step``); each attention layer then makes one ``update(layer,
+step, *entries)`` call, which writes the new tokens' entries and returns those of every filled
+slot, ``[B, heads, L, dim]`` each. An entry (:func:`cache_entries`) is ``k`` and ``v`` for
+grouped-query attention, ``latent`` and ``k_rope`` for multi-head latent attention.
 
-* grouped-query attention: ``k`` and ``v``, ``[n_kv, D]`` per token;
-* multi-head latent attention (DeepSeek-V2/V3): ``latent`` ``[kv_lora_rank]`` (normalised)
-  and ``k_rope`` ``[qk_rope_head_dim]`` (the rotated key shared by all heads), stored as one
-  "head".
-
-Every entry tensor has the layout ``[B, heads, tokens, dim]``. A storage implements
-:class:`CacheStorage`; :class:`KVCache` is the contiguous one (gpt-fast's ``KVCache``, HF's
-``StaticCache``; its paged sibling is :mod:`tokenflow.serving.paged_kv_cache`): per layer and entry
-one preallocated ``[B, heads, max_len, dim]`` tensor, slots ``[0, length)`` filled.
-``valid[b, slot]`` says whether a filled slot holds a real token (False for left padding),
-and ``num_real[b]`` counts the real tokens of row ``b``, which is also the RoPE position of
-its next token.
-
-Bytes per token (all layers): GQA ``2 * layers * n_kv * D * bytes``; MLA ``layers *
-(kv_lora_rank + qk_rope_head_dim) * bytes``;
-:func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token` is the formula, and
-``bytes_per_token()`` measured from the tensors equals it (tested).
+:class:`KVCache` is the contiguous storage (gpt-fast's ``KVCache``, HF's ``StaticCache``; the
+paged one is :mod:`tokenflow.serving.paged_kv_cache`). Its ``bytes_per_token()``, measured
+from the tensors, equals :func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token`
+(tested): GQA ``2 * layers * n_kv * D * bytes``, MLA ``layers * (kv_lora_rank +
+qk_rope_head_dim) * bytes``.
 """
 from __future__ import annotations
 
@@ -31,10 +18,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import ModelConfig
+from tokenflow.config import ModelConfig
+from tokenflow.validate import integer
 
-__all__ = ["CacheStep", "PackedCacheStep", "CacheStorage", "KVCache", "cache_entries",
-           "uncached_step", "attention_mask_for"]
+__all__ = ["CacheStep", "CacheStorage", "KVCache", "cache_entries", "uncached_step",
+           "attention_mask_for"]
 
 
 def cache_entries(config: ModelConfig) -> tuple[tuple[str, int, int], ...]:
@@ -90,72 +78,73 @@ def attention_mask_for(valid: torch.Tensor, start: int, S: int) -> torch.Tensor:
 
 @dataclass
 class CacheStep:
-    """The per-step descriptor the model builds once per forward pass and hands every layer.
+    """What one forward pass writes and reads: built once by the storage (``begin_step``, or
+    :meth:`~tokenflow.PagedKVCache.packed_step`) and handed to every layer, which passes it
+    back to ``update`` (nano-vllm's ``Context``, ``nanovllm/utils/context.py``; vLLM's
+    attention metadata). One class for the three layouts; a layout leaves the others' fields
+    at their defaults.
 
-    Attributes:
+    Every step:
         start: slot of the first new token; the new tokens go to slots ``[start, start+S)``
-            of every row (the paged storage adds its slot mapping in a subclass,
-            :class:`~tokenflow.serving.paged_kv_cache.PagedCacheStep`; layers only pass the step
-            back to ``update``).
+            of every row (0 for a packed step).
         positions: ``[B,S]`` int64 RoPE position of each new token (counted from the row's
-            first real token; padding gets 0).
+            first real token; padding gets 0). A packed step: ``[1, T]``, each token's index
+            in its own sequence; the model runs the ``T`` tokens as one row ``[1, T, H]``.
         mask: ``[B,1,S,L]`` bool, what each query may see (:func:`attention_mask_for`),
-            ``L = start + S`` slots after this step.
-    """
+            ``L = start + S`` slots after this step; ``None`` for a packed step (its masks are
+            per sequence, :attr:`masks`).
 
-    start: int
-    positions: torch.Tensor
-    mask: torch.Tensor
+    Paged storage (:class:`~tokenflow.PagedKVCache`), where the tokens live:
+        slot_mapping: int64 pool slot each real new token is written to, ``[N]`` row by row
+            (``[T]`` for a packed step); vLLM's ``slot_mapping``.
+        slots: ``[B, L]`` int64 pool slot of each laid-out token of a ``[B, S]`` step
+            (``block * block_size + offset``; padding points at slot 0 and is masked).
+        is_new: ``[B, S]`` bool, the real new tokens of a ``[B, S]`` step (False for left
+            padding).
+        rows: storage data computed once per step for every layer (the pool rows to gather
+            and to write, per head count).
 
-
-@dataclass
-class PackedCacheStep(CacheStep):
-    """The :class:`CacheStep` of a packed step: ``n`` sequences' new tokens end to end
-    (``T`` in all), no padded position. Made by a storage that serves packed steps
-    (:meth:`tokenflow.PagedKVCache.packed_step`); attention reads it through
-    :meth:`attend_each`.
-
-    The first ``num_decode`` sequences have one new token each (decode rows); the others are
-    prompt chunks. Their contexts (cached + new tokens, ``L_i``) are gathered in that order,
-    **whole blocks** at a time, as a paged-attention kernel walks a block table: each
-    sequence's first ``ceil(L_i / block_size)`` blocks, one ``[heads, blocks * block_size,
-    dim]`` block of entries per sequence, so the layers cut them out with views. The decode
-    rows all read as many blocks as the longest of them: ``num_decode`` windows of
-    ``decode_len`` slots (``L_i`` real tokens at the left, masked slots after), read by one
-    batched attention call; each chunk's context is cut to its ``L_i`` tokens and read by a
-    call of its own.
-
-    Attributes:
-        positions: ``[1, T]`` int64 RoPE position of each new token (its index in its own
-            sequence); the model runs the ``T`` tokens as one row ``[1, T, H]``.
+    A packed step (``n`` sequences' new tokens end to end, ``T`` in all, no padded position;
+    read by :meth:`attend_each`). The first ``num_decode`` sequences have one new token each
+    (decode rows); the others are prompt chunks. Their contexts (cached + new tokens,
+    ``L_i``) are gathered in that order, **whole blocks** at a time, as a paged-attention
+    kernel walks a block table: one ``[heads, blocks * block_size, dim]`` piece per sequence,
+    so the layers cut them out with views. The decode rows all read as many blocks as the
+    longest of them (``decode_len`` slots, ``L_i`` real tokens at the left) in one batched
+    call; each chunk's context is cut to its ``L_i`` tokens and read by a call of its own.
         cu_q: ``n+1`` ints (``cu_seqlens_q``), sequence ``i``'s new tokens are
-            ``[cu_q[i], cu_q[i+1])`` of ``T``.
+            ``[cu_q[i], cu_q[i+1])`` of ``T``; ``None`` for a ``[B, S]`` step.
         cu_k: ``n+1`` ints (``cu_seqlens_k``), its gathered context (whole blocks) is
             ``[cu_k[i], cu_k[i+1])``. Plain lists: the layers slice with them, and a tensor
             would cost a sync per read (:attr:`cu_seqlens_q` / :attr:`cu_seqlens_k` give
             the tensors a GPU kernel would take).
-        seqlens_k: ``n`` ints, ``L_i``: the real tokens at the start of each gathered
-            context.
-        slot_mapping: ``[T]`` int64 pool slot each new token is written to.
+        seqlens_k: ``n`` ints, ``L_i``.
         context_blocks: per sequence, the ids of the blocks gathered for it (a decode row
             with fewer blocks than the others is padded with block 0, masked).
         num_decode, decode_len: decode rows first, and the width of their windows.
         masks: ``[num_decode, 1, 1, decode_len]`` for the decode rows (if any), then per
             chunk ``[1, 1, S_i, L_i]`` (causal; :func:`attention_mask_for`).
-        rows: storage data computed once per step for every layer (the paged cache's pool
-            rows to gather and to write).
-        (``start`` is 0 and ``mask`` None: the masks are per sequence.)
     """
 
-    cu_q: list = field(default_factory=list)
+    start: int
+    positions: torch.Tensor
+    mask: torch.Tensor | None
+    slot_mapping: torch.Tensor | None = None
+    slots: torch.Tensor | None = None
+    is_new: torch.Tensor | None = None
+    rows: dict = field(default_factory=dict)
+    cu_q: list | None = None
     cu_k: list = field(default_factory=list)
     seqlens_k: list = field(default_factory=list)
-    slot_mapping: torch.Tensor = None
     context_blocks: list = field(default_factory=list)
     num_decode: int = 0
     decode_len: int = 0
     masks: list = field(default_factory=list)
-    rows: dict = field(default_factory=dict)
+
+    @property
+    def packed(self) -> bool:
+        """True for a packed step (sequences end to end, read by :meth:`attend_each`)."""
+        return self.cu_q is not None
 
     @property
     def num_tokens(self) -> int:
@@ -200,6 +189,10 @@ class PackedCacheStep(CacheStep):
                    for e, h in zip(entries, heads)]                        # [1, h, L_i, .]
             out.append(attend(*q_i, *e_i, mask))                           # [1, h, S_i, dim]
         return torch.cat(out, dim=2) if len(out) > 1 else out[0]           # [1, h, T, dim]
+
+
+PackedCacheStep = CacheStep
+"""The earlier name of a packed :class:`CacheStep` (``step.packed`` tells them apart)."""
 
 
 def uncached_step(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> CacheStep:
@@ -312,12 +305,9 @@ class KVCache(CacheStorage):
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
         if max_len is None:
             max_len = config.max_position_embeddings
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if not isinstance(max_len, int) or not 1 <= max_len <= config.max_position_embeddings:
-            raise ValueError(
-                f"max_len must be in [1, max_position_embeddings="
-                f"{config.max_position_embeddings}], got {max_len!r}")
+        integer("batch_size", batch_size, 1)
+        integer("max_len", max_len, 1, config.max_position_embeddings,
+                hi_name="max_position_embeddings")
         self.config, self.batch_size, self.max_len = config, batch_size, max_len
         self.entries = cache_entries(config)
         self.layers = [tuple(torch.zeros(batch_size, heads, max_len, dim, dtype=dtype,

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import _sdpa, _hides_no_key
-from .config import ModelConfig
-from .kv_cache import CacheStep, PackedCacheStep
+from tokenflow.config import ModelConfig
+from .kv_cache import CacheStep
 from .norm import RMSNorm
 from .rope import apply_rope, yarn_softmax_scale
 
@@ -160,7 +160,7 @@ class MLAttention(nn.Module):
         latent, k_rope = self.latent(x, cos, sin)
         if kv_cache is not None:
             latent, k_rope = kv_cache.update(self.layer_idx, step, latent, k_rope)
-        if isinstance(step, PackedCacheStep):   # sequences end to end: each its own context
+        if step.packed:   # sequences end to end: each its own context
             heads = step.attend_each(lambda *a: self.attend(*a)[0], (q_nope, q_rope),
                                      (latent, k_rope))                    # [1, nh, T, dv]
         else:

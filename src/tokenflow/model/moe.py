@@ -27,22 +27,13 @@ the reference loop alike, so both always pick the same experts.
 
 Shared experts (DeepSeekMoE) see every token and are added unweighted.
 
-Ways to run the routed experts, proven equal by the tests:
-
-* :func:`tokenflow.explain.moe.moe_reference_loop`: the obvious way, token by token, expert
-  by expert.
-* :meth:`MoE.dispatch_combine` = :func:`dispatch` -> :func:`run_experts` -> :func:`combine`:
-  sort the ``P`` pairs by expert, run each expert once on its block of rows, scatter-add back.
-  The same grouping is what expert parallelism sends over all-to-all
-  (:mod:`tokenflow.parallel.expert_parallel`). These two are the chapter's teaching pair.
-* :meth:`MoE.grouped_experts`: the same sort, then every expert at once: two grouped matrix
-  products over the experts' weights stacked as HF stores them (``gate_up [E, 2I, H]``,
-  ``down [E, H, I]``; HF's ``grouped_mm`` experts backend). No Python loop over experts, no
-  host sync. :meth:`MoE.one_token_experts`: a single token (batch-1 decode) runs its ``K``
-  experts directly, with no sort at all.
-
-:meth:`MoE.forward` picks the fastest of them (:meth:`MoE.routed_experts`); all give the same
-numbers (the same products, added in the same order).
+Ways to run the routed experts, proven equal by the tests (:meth:`MoE.routed_experts` picks
+the fastest; all add the same products in the same order): :meth:`MoE.dispatch_combine`
+(:func:`dispatch` -> :func:`run_experts` -> :func:`combine`: the chapter's pair, and what
+:mod:`tokenflow.parallel.expert_parallel` sends over all-to-all), :meth:`MoE.grouped_experts`
+(two grouped matrix products over the experts' stacked weights, HF's ``grouped_mm`` backend: no
+loop over experts, no host sync) and :meth:`MoE.one_token_experts` (batch-1 decode, no sort).
+The obvious loop, token by token, is :func:`tokenflow.explain.moe.moe_reference_loop`.
 """
 from __future__ import annotations
 
@@ -52,15 +43,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenflow.validate import integer
-from .config import TOPK_METHODS, ModelConfig
+from tokenflow.validate import integer, reads_free
+from tokenflow.config import SCORING_FUNCS, TOPK_METHODS, ModelConfig
 from .ffn import FFN, activation
 from .fused import PackedWeights, linear_weights, packed_rows
 
 __all__ = ["Router", "MoE", "route", "check_top_k", "Dispatch", "dispatch", "run_experts",
            "combine", "switch_balance_loss"]
 
-_SCORING = ("softmax", "sigmoid")
 # Grouped matrix product (torch >= 2.10 public; older: the private op; None: not available).
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 _GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)            # what it accepts
@@ -131,8 +121,8 @@ def route(x: torch.Tensor, weight: torch.Tensor, top_k: int, *, scoring_func: st
         raise ValueError(f"weight must have shape [E, H={x.shape[1]}], got {list(weight.shape)}")
     E = weight.shape[0]
     check_top_k(top_k, E)
-    if scoring_func not in _SCORING:
-        raise ValueError(f"scoring_func must be one of {_SCORING}, got {scoring_func!r}")
+    if scoring_func not in SCORING_FUNCS:
+        raise ValueError(f"scoring_func must be one of {SCORING_FUNCS}, got {scoring_func!r}")
     if topk_method not in TOPK_METHODS:
         raise ValueError(f"topk_method must be one of {TOPK_METHODS}, got {topk_method!r}")
     _check_groups(E, top_k, n_group, topk_group)
@@ -244,7 +234,9 @@ def dispatch(x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
         a :class:`Dispatch` with ``hidden [T*K, H]``.
 
     Raises:
-        ValueError: shape mismatch, or an index outside ``[0, num_experts)``.
+        ValueError: shape mismatch, or (for CPU tensors, where reading them costs no device
+            synchronisation: :func:`tokenflow.validate.reads_free`) an index outside
+            ``[0, num_experts)``.
     """
     if x.dim() != 2:
         raise ValueError(f"x must have shape [T, H], got {list(x.shape)}")
@@ -255,7 +247,8 @@ def dispatch(x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
                          f"got {list(weights.shape)}")
     if num_experts < 1:
         raise ValueError(f"num_experts must be >= 1, got {num_experts}")
-    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= num_experts):
+    if indices.numel() and reads_free(indices) and \
+            (int(indices.min()) < 0 or int(indices.max()) >= num_experts):
         raise ValueError(f"indices must be in [0, num_experts={num_experts})")
     K = indices.shape[1]
     flat_expert = indices.reshape(-1)                                     # [P]

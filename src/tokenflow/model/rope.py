@@ -23,14 +23,11 @@ import math
 import torch
 from torch import nn
 
+from tokenflow.config import ROPE_TYPES
+
 __all__ = ["RotaryEmbedding", "apply_rope", "rope_inv_freq", "yarn_softmax_scale",
            "ROPE_TYPES"]
 
-ROPE_TYPES = {"default": (), "linear": ("factor",),
-              "llama3": ("factor", "low_freq_factor", "high_freq_factor",
-                         "original_max_position_embeddings"),
-              "yarn": ("original_max_position_embeddings",)}
-"""Supported ``rope_type`` values and the keys each needs in ``config.rope_scaling``."""
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:

@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from .attention import Attention
-from .config import ModelConfig
+from tokenflow.config import ModelConfig
 from .ffn import FFN
-from .kv_cache import CacheStorage, KVCache, PackedCacheStep, uncached_step
+from .kv_cache import CacheStep, CacheStorage, KVCache, uncached_step
 from .mla import MLAttention
 from .moe import MoE
 from .norm import RMSNorm
@@ -195,19 +195,19 @@ class TokenFlowModel(nn.Module):
         h = self.norm(h)                                                    # [B, S, H]
         return self.lm_head(h)                                              # [B, S, V]
 
-    def forward_packed(self, input_ids: torch.Tensor, step: PackedCacheStep,
+    def forward_packed(self, input_ids: torch.Tensor, step: CacheStep,
                        kv_cache: CacheStorage, logits_indices: torch.Tensor) -> torch.Tensor:
         """Run one packed serving step: ``T`` new tokens of ``n`` sequences, end to end.
 
         The tokens go through the blocks as one row, ``[1, T, H]``: the embedding, every
         projection, the MoE and the norms see ``T`` tokens and nothing else (no padding).
         Attention writes the new entries at ``step.slot_mapping`` and lets each sequence's
-        queries read only its own context (:meth:`PackedCacheStep.attend_each`). The LM head
+        queries read only its own context (:meth:`CacheStep.attend_each`). The LM head
         runs only on the rows that sample.
 
         Args:
             input_ids: ``[T]`` int64 token ids in ``[0, vocab_size)``.
-            step: the step's :class:`~tokenflow.model.kv_cache.PackedCacheStep`
+            step: the step's packed :class:`~tokenflow.model.kv_cache.CacheStep`
                 (``kv_cache.packed_step(...)``) with ``T`` positions.
             kv_cache: the storage the step was made by (a
                 :class:`~tokenflow.serving.paged_kv_cache.PagedKVCache`).
@@ -223,9 +223,9 @@ class TokenFlowModel(nn.Module):
             ValueError: ids not ``[T]`` or outside ``[0, vocab_size)``; a position at or past
                 ``max_position_embeddings``; a cache of another model, dtype or device.
         """
-        if not isinstance(step, PackedCacheStep) or not isinstance(kv_cache, CacheStorage):
-            raise TypeError("forward_packed needs a PackedCacheStep and the cache storage "
-                            "that made it (e.g. PagedKVCache.packed_step(...))")
+        if not getattr(step, "packed", False) or not isinstance(kv_cache, CacheStorage):
+            raise TypeError("forward_packed needs a packed CacheStep (PackedCacheStep) and the "
+                            "cache storage that made it (e.g. PagedKVCache.packed_step(...))")
         token_id_tensor("input_ids", input_ids, self.config.vocab_size, dims=1)
         if input_ids.shape[0] != step.num_tokens:
             raise ValueError(f"input_ids must have shape [T={step.num_tokens}], got "

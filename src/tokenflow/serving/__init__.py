@@ -9,8 +9,8 @@ from .request import Request, RequestOutput, RequestStatus, SamplingParams
 from .block_manager import Block, BlockManager, chain_hash
 from .scheduler import ScheduledChunk, Scheduler, StepPlan
 from .sampler import SampledToken, sample_requests, sample_token
-from .runner import (ContiguousKVStorage, ContiguousRunner, ModelRunner, PaddedKVStorage,
-                     PaddedRunner, PagedKVStorage, PagedRunner)
+from .runner import ContiguousRunner, ModelRunner, PaddedRunner, PagedRunner
+from .runner import ContiguousKVStorage, PagedKVStorage, PaddedKVStorage  # noqa: F401 (old names)
 from .engine import LLMEngine, StepRecord
 from .workload import (DECODE, PREFILL, WAIT, RequestTimeline, corpus_lines, mixed_workload,
                        request_timeline, run_with_arrivals)
@@ -19,7 +19,6 @@ __all__ = ["Request", "RequestOutput", "RequestStatus", "SamplingParams", "Block
            "BlockManager", "chain_hash", "ScheduledChunk", "Scheduler", "StepPlan",
            "SampledToken", "sample_token", "sample_requests",
            "ContiguousRunner", "PagedRunner", "PaddedRunner", "ModelRunner",
-           "ContiguousKVStorage", "PagedKVStorage", "PaddedKVStorage",
            "LLMEngine", "StepRecord",
            "WAIT", "PREFILL", "DECODE", "RequestTimeline", "request_timeline",
            "run_with_arrivals", "corpus_lines", "mixed_workload"]

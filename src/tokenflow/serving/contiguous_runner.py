@@ -20,7 +20,7 @@ class ContiguousRunner:
         model: a :class:`~tokenflow.model.transformer.TokenFlowModel` (eval mode).
 
     Attributes:
-        caches: ``request_id -> KVCache`` of the requests that hold storage.
+        caches: ``request_id -> KVCache`` of the requests that hold KV.
         num_positions: positions the last :meth:`forward` computed (scheduled tokens plus
             recomputed prefix-cache hits).
         num_recomputed_tokens: prefix-cache tokens recomputed so far.
@@ -50,7 +50,7 @@ class ContiguousRunner:
         return len(self.caches)
 
     def num_computed(self, request_id) -> int:
-        """Tokens whose K/V this storage holds for the request."""
+        """Tokens whose K/V this runner holds for the request."""
         return self.caches[request_id].length
 
     @torch.inference_mode()
@@ -58,7 +58,7 @@ class ContiguousRunner:
         """Compute every chunk; return ``{request_id: logits [V]}`` for chunks that sample.
 
         Raises:
-            KeyError: a chunk's request has no storage (call :meth:`allocate` first).
+            KeyError: a chunk's request holds no KV (call :meth:`allocate` first).
         """
         logits, self.num_positions = {}, 0
         for c in chunks:

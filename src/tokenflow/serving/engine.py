@@ -100,10 +100,10 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,
                                    static_batching)
-        storage = ContiguousRunner(model) if kv_storage == "contiguous" else \
+        strategy = ContiguousRunner(model) if kv_storage == "contiguous" else \
             (PaddedRunner if kv_storage == "padded" else PagedRunner)(
                 model, num_blocks, block_size, batch_decode)
-        self.runner = ModelRunner(model, block_size, storage)
+        self.runner = ModelRunner(model, block_size, strategy)
         self.steps: list[StepRecord] = []
         self.outputs: dict[object, RequestOutput] = {}
         self._new_outputs: list[RequestOutput] = []
@@ -416,6 +416,6 @@ class LLMEngine:
             preempted_prefix_cache_hit_rate=(
                 bm.num_preempted_hit_blocks / bm.num_preempted_queried_blocks
                 if bm.num_preempted_queried_blocks else 0.0),
-            num_recomputed_tokens=getattr(self.runner.storage, "num_recomputed_tokens", 0),
+            num_recomputed_tokens=getattr(self.runner.strategy, "num_recomputed_tokens", 0),
             num_aborted=sum(o.finish_reason == "abort" for o in done),
             num_errors=sum(o.finish_reason == "error" for o in done))

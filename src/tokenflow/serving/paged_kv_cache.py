@@ -32,14 +32,14 @@ paged-attention kernel, FlashInfer). Here readability wins: no custom kernel.
 ``prepare_decode``, vLLM's flattened batch). No row is padded: the ``n`` sequences' new
 tokens lie end to end, ``input_ids [T]`` with ``T = sum(num_new)``.
 :meth:`PagedKVCache.packed_step` turns the block tables and counts into a
-:class:`~tokenflow.model.kv_cache.PackedCacheStep`: ``positions [T]``, ``slot_mapping [T]``
+packed :class:`~tokenflow.model.kv_cache.CacheStep`: ``positions [T]``, ``slot_mapping [T]``
 (where each new token is written), ``cu_seqlens_q [n+1]`` (where each sequence's new tokens
 start in ``T``) and ``cu_seqlens_k [n+1]`` (where its gathered context starts). ``update``
 writes the ``T`` new entries and gathers each sequence's context **block by block**, as a
 paged-attention kernel walks a block table: the sequence's first ``ceil(L_i / block_size)``
 blocks, whole, one index per block and head (:func:`block_rows`), so each context arrives as
 one ``[heads, blocks * block_size, dim]`` piece with its ``L_i`` tokens first. Attention then
-keeps each sequence to its own piece (``PackedCacheStep.attend_each``, views, no copy): the
+keeps each sequence to its own piece (``CacheStep.attend_each``, views, no copy): the
 decode rows in one batched call (each reads as many blocks as the longest decode context,
 the slots after its own ``L_i`` masked: wasted keys, never a wasted position; their pieces
 side by side are one ``[n_dec, heads, width, dim]`` tensor), each prompt chunk in a call of
@@ -51,37 +51,19 @@ the pools equals :func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token` (
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from itertools import accumulate
 
 import torch
 
-from tokenflow.model.config import ModelConfig
-from tokenflow.model.kv_cache import (CacheStep, CacheStorage, PackedCacheStep,
-                                      attention_mask_for, cache_entries)
+from tokenflow.config import ModelConfig
+from tokenflow.validate import integer
+from tokenflow.model.kv_cache import CacheStep, CacheStorage, attention_mask_for, cache_entries
 
-__all__ = ["PagedCacheStep", "PagedKVCache", "pool_rows", "block_rows"]
+__all__ = ["PagedKVCache", "pool_rows", "block_rows"]
 
-
-@dataclass
-class PagedCacheStep(CacheStep):
-    """The :class:`~tokenflow.model.kv_cache.CacheStep` of a paged step, plus where tokens live.
-
-    Attributes (besides ``start``, ``positions [B,S]``, ``mask [B,1,S,L]``):
-        slots: ``[B, L]`` int64 pool slot of each laid-out token (``block * block_size +
-            offset``; padding points at slot 0 and is masked).
-        is_new: ``[B, S]`` bool, the real new tokens (False for left padding).
-        slot_mapping: ``[N]`` int64 pool slots of the ``N`` real new tokens, row by row (the
-            order of ``x[is_new]``); vLLM's ``slot_mapping``.
-        rows: ``heads -> (read [B*heads*L], write [N*heads])``: ``slots`` and
-            ``slot_mapping`` as rows of a pool viewed as ``[num_blocks*heads*block_size,
-            dim]`` (:func:`pool_rows`), computed once per step for every layer.
-    """
-
-    slots: torch.Tensor = None
-    is_new: torch.Tensor = None
-    slot_mapping: torch.Tensor = None
-    rows: dict = field(default_factory=dict)
+PagedCacheStep = CacheStep
+"""The earlier name of a paged :class:`~tokenflow.model.kv_cache.CacheStep` (one class for
+every layout)."""
 
 
 def pool_rows(slots: torch.Tensor, heads: int, block_size: int) -> torch.Tensor:
@@ -144,9 +126,8 @@ class PagedKVCache(CacheStorage):
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-        for name, v in (("num_blocks", num_blocks), ("block_size", block_size)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        integer("num_blocks", num_blocks, 1)
+        integer("block_size", block_size, 1)
         self.config, self.num_blocks, self.block_size = config, num_blocks, block_size
         self.entries = cache_entries(config)
         self.layers = [tuple(torch.zeros(num_blocks, heads, block_size, dim, dtype=dtype,
@@ -198,7 +179,7 @@ class PagedKVCache(CacheStorage):
                                  f"num_blocks={self.num_blocks}), got {table}")
 
     def packed_step(self, block_tables: list[list[int]], num_computed: list[int],
-                    num_new: list[int]) -> PackedCacheStep:
+                    num_new: list[int]) -> CacheStep:
         """Describe a packed step (see the module docstring): sequence ``i`` has
         ``num_computed[i]`` tokens in its blocks and ``num_new[i]`` new ones, which come end
         to end in ``input_ids [T]``. Pass the result to ``model.forward_packed``. The leading
@@ -207,7 +188,8 @@ class PagedKVCache(CacheStorage):
         Args and errors: as :meth:`prepare`.
 
         Returns:
-            a :class:`PackedCacheStep` with ``T = sum(num_new)`` new tokens.
+            a packed :class:`~tokenflow.model.kv_cache.CacheStep` with ``T = sum(num_new)`` new
+            tokens.
         """
         self._check_batch(block_tables, num_computed, num_new)
         dev, bs, n = self.device, self.block_size, len(num_new)
@@ -229,9 +211,9 @@ class PagedKVCache(CacheStorage):
         masks += [attention_mask_for(torch.ones(1, L, dtype=torch.bool, device=dev), c, m)
                   for c, m, L in zip(num_computed[n_dec:], num_new[n_dec:], total[n_dec:])]
         positions = torch.tensor([[p for _, p in new_tokens]], device=dev)      # [1, T]
-        step = PackedCacheStep(0, positions, None, cu_q=cu_q, cu_k=cu_k, seqlens_k=total,
-                               slot_mapping=slot_mapping, context_blocks=blocks,
-                               num_decode=n_dec, decode_len=width, masks=masks)
+        step = CacheStep(0, positions, None, slot_mapping=slot_mapping, cu_q=cu_q, cu_k=cu_k,
+                         seqlens_k=total, context_blocks=blocks, num_decode=n_dec,
+                         decode_len=width, masks=masks)
         # every layer's gather (read: whole blocks) and write rows, once; the writes
         # head-major, as the new entries come ([1, heads, T, dim])
         for heads in {h for _, h, _ in self.entries}:
@@ -241,7 +223,7 @@ class PagedKVCache(CacheStorage):
 
     # ---------------------------------------------------------------- the interface
     def begin_step(self, attention_mask: torch.Tensor | None, batch_size: int, S: int
-                   ) -> PagedCacheStep:
+                   ) -> CacheStep:
         """See :meth:`CacheStorage.begin_step`: rows laid out right-aligned in ``L`` slots,
         the ``S`` new tokens in the last ``S``. The padding comes from :meth:`prepare`, so
         ``attention_mask`` must be ``None``.
@@ -268,23 +250,23 @@ class PagedKVCache(CacheStorage):
         is_new = token[:, start:] >= self.num_real[:, None]               # [B, S]
         is_new &= valid[:, start:]
         self.num_real, self.length, self._tables, self._slots = total, L, None, slots
-        step = PagedCacheStep(start, token[:, start:], attention_mask_for(valid, start, S),
-                              slots, is_new, slots[:, start:][is_new])
+        step = CacheStep(start, token[:, start:], attention_mask_for(valid, start, S),
+                         slot_mapping=slots[:, start:][is_new], slots=slots, is_new=is_new)
         for heads in {h for _, h, _ in self.entries}:
             read = pool_rows(slots, heads, self.block_size).transpose(1, 2)   # [B, heads, L]
             write = pool_rows(step.slot_mapping, heads, self.block_size)      # [N, heads]
             step.rows[heads] = (read.reshape(-1), write.reshape(-1))
         return step
 
-    def update(self, layer_idx: int, step: PagedCacheStep, *new: torch.Tensor
+    def update(self, layer_idx: int, step: CacheStep, *new: torch.Tensor
                ) -> tuple[torch.Tensor, ...]:
         """See :meth:`CacheStorage.update`: write the real new tokens to
         ``step.slot_mapping``, then gather every row's ``L`` slots (``step.slots``).
-        A :class:`PackedCacheStep`: write the ``T`` new tokens (``new`` are ``[1, heads, T,
+        A packed step: write the ``T`` new tokens (``new`` are ``[1, heads, T,
         dim]``), return the gathered contexts flat, ``[heads * cu_seqlens_k[-1], dim]``,
         sequence after sequence, each its whole blocks ``[heads, blocks * block_size, dim]``
-        (cut by :meth:`~tokenflow.model.kv_cache.PackedCacheStep.attend_each`)."""
-        if isinstance(step, PackedCacheStep):
+        (cut by :meth:`~tokenflow.model.kv_cache.CacheStep.attend_each`)."""
+        if step.packed:
             return self._update_packed(layer_idx, step, new)
         B, L = step.slots.shape
         out = []
@@ -296,7 +278,7 @@ class PagedKVCache(CacheStorage):
             out.append(flat.index_select(0, read).view(B, heads, L, dim))  # [B, heads, L, dim]
         return tuple(out)
 
-    def _update_packed(self, layer_idx: int, step: PackedCacheStep, new) -> tuple:
+    def _update_packed(self, layer_idx: int, step: CacheStep, new) -> tuple:
         out = []
         for pool, x in zip(self.layers[layer_idx], new):
             _, heads, bs, dim = pool.shape

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from tokenflow.model.kv_cache import PackedCacheStep
+from tokenflow.model.kv_cache import CacheStep
 from .paged_kv_cache import PagedKVCache
 from .scheduler import ScheduledChunk
 
@@ -14,13 +14,13 @@ __all__ = ["PagedRunner", "prepare_packed"]
 
 
 def prepare_packed(cache: PagedKVCache, chunks: list[ScheduledChunk]
-                   ) -> tuple[torch.Tensor, PackedCacheStep, torch.Tensor]:
+                   ) -> tuple[torch.Tensor, CacheStep, torch.Tensor]:
     """Lay a step's chunks end to end (see the module docstring). ``chunks`` must list the
     one-token rows (decode) first: the cache attends them as one batch.
 
     Returns:
         ``(input_ids [T], step, logits_indices [N])``: the new tokens of every chunk in
-        order; the :class:`~tokenflow.model.kv_cache.PackedCacheStep` (positions, slot
+        order; the packed :class:`~tokenflow.model.kv_cache.CacheStep` (positions, slot
         mapping, ``cu_seqlens``, block tables); the index in ``T`` of the last token of each
         chunk that samples.
     """
@@ -42,7 +42,7 @@ class PagedRunner:
     Args:
         model: a :class:`~tokenflow.model.transformer.TokenFlowModel` (eval mode).
         num_blocks, block_size: the pool, as in the :class:`~.block_manager.BlockManager`
-            whose block tables this storage reads.
+            whose block tables this runner reads.
         batch_decode: run all chunks of a step as one packed forward (default) or one
             forward per chunk (same results; for comparison).
 
@@ -88,13 +88,13 @@ class PagedRunner:
         """Compute every chunk; return ``{request_id: logits [V]}`` for chunks that sample.
 
         Raises:
-            KeyError: a chunk's request has no storage (call :meth:`allocate` first).
+            KeyError: a chunk's request holds no KV (call :meth:`allocate` first).
             RuntimeError: the forward computed another number of positions than the
                 chunks' tokens (checked every step).
         """
         missing = [c.request.request_id for c in chunks if c.request.request_id not in self]
         if missing:
-            raise KeyError(f"requests {missing} hold no storage: call allocate() first")
+            raise KeyError(f"requests {missing} hold no KV: call allocate() first")
         logits, self.num_positions = {}, 0
         for group in [chunks] if self.batch_decode else [[c] for c in chunks]:
             logits.update(self._run(group))

@@ -10,7 +10,7 @@ one-token decode rows alike) are laid end to end::
     cu_seqlens_q  [0, 1, 2, 8]
 
 (decode rows first: attention reads them as one batch; see
-:class:`~tokenflow.model.kv_cache.PackedCacheStep`).
+the packed :class:`~tokenflow.model.kv_cache.CacheStep`).
 
 One forward runs the ``T`` tokens as ``[T, H]`` (``[B, S, H]`` with the batch laid
 flat), so a decode row costs one position and a prompt chunk its own length: the positions
@@ -38,11 +38,12 @@ Three runner strategies (one file each) and the runner that drives them:
   share tensors between requests, so prefix-cache hits are **recomputed** (counted in
   ``num_recomputed_tokens``). The tests check that both give ``generate``'s tokens, and
   chapter 05 compares what sharing saves.
-* :class:`ModelRunner`: asks the storage for logits, then samples each request's token with
+* :class:`ModelRunner`: asks its strategy for logits, then samples each request's token with
   its own parameters and its own seeded generator (:func:`.sampler.sample_requests`), so a
   request's tokens do not depend on its batch.
 
-The strategies have the same methods: ``allocate``, ``free``, ``forward(chunks)``,
+The strategies (runners, not caches: the cache interface is ``CacheStorage``) have the same
+methods: ``allocate``, ``free``, ``forward(chunks)``,
 ``num_computed``, ``in`` and ``len``, and the attribute ``num_positions`` (positions the
 last ``forward`` computed).
 """
@@ -57,11 +58,11 @@ from .request import Request
 from .sampler import sample_requests
 from .scheduler import StepPlan
 
-__all__ = ["PagedRunner", "PaddedRunner", "ContiguousRunner", "ModelRunner", "prepare_packed",
-           "PagedKVStorage", "PaddedKVStorage", "ContiguousKVStorage"]
+__all__ = ["PagedRunner", "PaddedRunner", "ContiguousRunner", "ModelRunner", "prepare_packed"]
 
 PagedKVStorage, PaddedKVStorage, ContiguousKVStorage = PagedRunner, PaddedRunner, ContiguousRunner
-"""The strategies' earlier names (the book's chapter 05 uses them)."""
+"""The runner strategies' earlier names (chapter 05's prose still names them); the cache
+interface is :class:`~tokenflow.model.kv_cache.CacheStorage`, these are runners."""
 
 
 class ModelRunner:
@@ -69,18 +70,18 @@ class ModelRunner:
 
     Args:
         model: the :class:`~tokenflow.model.transformer.TokenFlowModel`.
-        block_size: tokens per KV block (sizes each request's contiguous storage).
-        storage: the runner strategy (it owns the KV tensors); default
-            :class:`ContiguousRunner`.
+        block_size: tokens per KV block (sizes each request's contiguous cache).
+        strategy: the runner strategy (it owns the KV tensors and runs the forward);
+            default :class:`ContiguousRunner`.
 
     Attributes:
         num_positions: positions the last :meth:`execute` computed.
     """
 
-    def __init__(self, model, block_size: int, storage=None):
+    def __init__(self, model, block_size: int, strategy=None):
         self.model = model
         self.block_size = block_size
-        self.storage = storage if storage is not None else ContiguousRunner(model)
+        self.strategy = strategy if strategy is not None else ContiguousRunner(model)
         self.num_positions = 0
 
     def _capacity(self, req: Request) -> int:
@@ -88,7 +89,7 @@ class ModelRunner:
         return min(math.ceil(req.max_num_tokens / self.block_size) * self.block_size, limit)
 
     def execute(self, plan: StepPlan) -> dict:
-        """Free the preempted requests' storage, compute the plan, sample.
+        """Free the preempted requests' KV, compute the plan with the strategy, sample.
 
         Returns:
             ``{request_id: SampledToken}`` for each chunk that samples
@@ -96,14 +97,14 @@ class ModelRunner:
         """
         self.num_positions = 0
         for req in plan.preempted:
-            self.storage.free(req.request_id)
+            self.strategy.free(req.request_id)
         for c in plan.chunks:
-            if c.request.request_id not in self.storage:
-                self.storage.allocate(c.request.request_id, self._capacity(c.request))
-        logits = self.storage.forward(plan.chunks)
-        self.num_positions = self.storage.num_positions
+            if c.request.request_id not in self.strategy:
+                self.strategy.allocate(c.request.request_id, self._capacity(c.request))
+        logits = self.strategy.forward(plan.chunks)
+        self.num_positions = self.strategy.num_positions
         return sample_requests([c.request for c in plan.chunks if c.samples], logits)
 
     def free(self, request_id) -> None:
-        """Release a finished request's storage."""
-        self.storage.free(request_id)
+        """Release a finished request's KV."""
+        self.strategy.free(request_id)

@@ -110,7 +110,7 @@ def kv_cache_growth_plot(config, max_len: int, kv_heads: list[int],
     length.
 
     Args:
-        config: a :class:`~tokenflow.model.config.ModelConfig`.
+        config: a :class:`~tokenflow.config.ModelConfig`.
         max_len: longest sequence drawn (tokens, >= 1).
         kv_heads: K/V head counts to compare (each must divide ``num_attention_heads``).
         bytes_per_element: 2 for bf16/fp16, 4 for fp32.

@@ -7,7 +7,7 @@ page draws the serving pipeline around the model block lens with each number at 
 computes memory per device and the prefill / decode roofline in the browser.
 
 The browser code (``data/model_page_calc.js``) follows the Python definitions function by function:
-:func:`tokenflow.model.hf_config.parse_hf_config`, :mod:`tokenflow.analysis.costmodel`,
+:func:`tokenflow.config.hf_config.parse_hf_config`, :mod:`tokenflow.analysis.costmodel`,
 :func:`tokenflow.analysis.roofline.roofline`. :func:`page_numbers` is what the page shows,
 computed by those Python functions; ``tests/test_model_page.py`` runs the JavaScript under node
 and requires the same values and the same printed text (:func:`fmt_si`, :func:`fmt_time`).
@@ -60,10 +60,10 @@ def _js(name: str) -> str:
 
 
 def page_tables() -> dict:
-    """What the browser's config reader needs from :mod:`tokenflow.model.hf_config`, as data:
+    """What the browser's config reader needs from :mod:`tokenflow.config.hf_config`, as data:
     families, the HF defaults per family, ignored names, GPT-2's renames, allowed top-k methods,
     RoPE defaults and types, activations."""
-    from tokenflow.model import hf_config as h
+    from tokenflow.config import hf_config as h
     from tokenflow.model.ffn import ACTIVATIONS
     from tokenflow.model.rope import ROPE_TYPES
     return dict(families=list(h.FAMILIES), hf_defaults=h._HF_DEFAULTS,
@@ -242,8 +242,8 @@ class ModelPage:
         """The default setting's numbers at their stages as a :class:`~tokenflow.viz.Table`
         (what the page shows before its script runs, and chapter 7's slide). A config the cost
         model cannot count gives its shapes only."""
-        from tokenflow.model.config import ModelConfig
-        from tokenflow.model.hf_config import parse_hf_config
+        from tokenflow.config import ModelConfig
+        from tokenflow.config.hf_config import parse_hf_config
         from .fmt import Table
         d = self.data["default"]
         c = ModelConfig(**parse_hf_config(self.data["models"][d["model"]],

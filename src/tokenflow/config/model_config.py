@@ -15,16 +15,11 @@ from dataclasses import dataclass, field, asdict
 from typing import Any
 
 from tokenflow.validate import ArgTypeError, boolean, choice, index, integer, number, token_id_list
+from .choices import (HIDDEN_ACTS, LAYER_TYPES, NORM_TYPES, POSITION_TYPES, ROPE_TYPES,
+                      SCORING_FUNCS, TOPK_METHODS)
+from .hf_config import parse_hf_config
 
 __all__ = ["ModelConfig", "PRESETS", "preset"]
-
-_SCORING = ("softmax", "sigmoid")
-TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
-"""``topk_method`` values (how group-limited routing ranks expert groups; DeepSeek's names)."""
-_NORMS = ("rmsnorm", "layernorm")
-_POSITIONS = ("rope", "absolute")
-_LAYER_TYPES = ("full_attention", "sliding_attention")
-
 
 @dataclass
 class ModelConfig:
@@ -210,14 +205,13 @@ class ModelConfig:
                     "topk_group * (num_experts // n_group) must be >= num_experts_per_tok, got "
                     f"{self.topk_group} * {self.num_experts // self.n_group} < "
                     f"{self.num_experts_per_tok}")
-        choice("scoring_func", self.scoring_func, _SCORING)
+        choice("scoring_func", self.scoring_func, SCORING_FUNCS)
         choice("topk_method", self.topk_method, TOPK_METHODS)
         number("rope_theta", self.rope_theta, 0, lo_open=True)
         number("rms_norm_eps", self.rms_norm_eps, 0, lo_open=True)
-        from .ffn import ACTIVATIONS
         if not isinstance(self.hidden_act, str):
             raise TypeError(f"hidden_act must be a str, got {self.hidden_act!r}")
-        choice("hidden_act", self.hidden_act, set(ACTIVATIONS))
+        choice("hidden_act", self.hidden_act, set(HIDDEN_ACTS))
         self._validate_rope_scaling()
         self._validate_structure()
         for name in ("pad_token_id", "bos_token_id"):
@@ -266,14 +260,15 @@ class ModelConfig:
         for name in ("attention_bias", "attention_out_bias", "qk_norm", "attention_sinks",
                      "gated_mlp", "mlp_bias", "router_bias", "shared_expert_gate"):
             boolean(name, getattr(self, name))
-        for name, allowed in (("norm_type", _NORMS), ("position_embedding_type", _POSITIONS)):
+        for name, allowed in (("norm_type", NORM_TYPES),
+                              ("position_embedding_type", POSITION_TYPES)):
             choice(name, getattr(self, name), allowed)
         w = integer("sliding_window", self.sliding_window, 1, none=True)
         lt = self.layer_types
         if lt is not None:
-            if len(lt) != self.num_hidden_layers or not set(lt) <= set(_LAYER_TYPES):
+            if len(lt) != self.num_hidden_layers or not set(lt) <= set(LAYER_TYPES):
                 raise ValueError(f"layer_types must list {self.num_hidden_layers} values from "
-                                 f"{_LAYER_TYPES}, got {list(lt)!r}")
+                                 f"{LAYER_TYPES}, got {list(lt)!r}")
             if "sliding_attention" in lt and w is None:
                 raise ValueError("sliding_window must be set when layer_types has "
                                  "'sliding_attention' layers")
@@ -287,7 +282,6 @@ class ModelConfig:
         s = self.rope_scaling
         if s is None:
             return
-        from .rope import ROPE_TYPES
         if not isinstance(s, dict) or s.get("rope_type") not in ROPE_TYPES:
             got = s.get("rope_type") if isinstance(s, dict) else s
             raise ValueError(f"rope_scaling['rope_type'] must be one of {sorted(ROPE_TYPES)}, "
@@ -390,7 +384,7 @@ class ModelConfig:
         """Build a config from a Hugging Face ``config.json`` dict or ``transformers`` config.
 
         The one parser of HF configs (``tokenflow.interop.from_hf_config`` is this function;
-        the reading itself is :func:`tokenflow.model.hf_config.parse_hf_config`). Families
+        the reading itself is :func:`tokenflow.config.hf_config.parse_hf_config`). Families
         (``model_type``): llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe,
         deepseek_v2, deepseek_v3, gpt_oss, gpt2 (GPT-2/GPT-3 style); a dict without
         ``model_type`` is read with HF's Llama field names. Every field that changes
@@ -409,7 +403,6 @@ class ModelConfig:
                 ``o_groups``, ``rope_type 'dynamic'``, ``decoder_sparse_step``), or an
                 inconsistent resulting config.
         """
-        from .hf_config import parse_hf_config
         d = dict(hf.to_dict() if hasattr(hf, "to_dict") else hf)
         kw = parse_hf_config(d, allow_unsupported=allow_unsupported)
         kw.update(overrides)

@@ -1,4 +1,4 @@
-"""Read a Hugging Face ``config.json`` into :class:`~tokenflow.model.config.ModelConfig` fields.
+"""Read a Hugging Face ``config.json`` into :class:`~tokenflow.config.ModelConfig` fields.
 
 The one parser of HF configs: :meth:`ModelConfig.from_hf_config` and
 ``tokenflow.interop.from_hf_config`` both call :func:`parse_hf_config`. It reads the
@@ -35,6 +35,8 @@ gpt2            ``n_embd``/``n_layer``/``n_head``/``n_positions``/``n_inner``: l
 ==============  ==================================================================
 """
 from __future__ import annotations
+
+from .choices import HIDDEN_ACTS, ROPE_TYPES
 
 __all__ = ["parse_hf_config", "FAMILIES"]
 
@@ -172,7 +174,7 @@ def parse_hf_config(d: dict, allow_unsupported: bool = False) -> dict:
             instead of raising.
 
     Returns:
-        dict of :class:`~tokenflow.model.config.ModelConfig` fields.
+        dict of :class:`~tokenflow.config.ModelConfig` fields.
 
     Raises:
         ValueError: ``model_type`` not in :data:`FAMILIES`, or fields / values we cannot
@@ -228,13 +230,12 @@ def _common(g: _Reader, mt: str | None) -> dict:
 
 def _activation(g: _Reader, mt: str | None) -> str:
     """``hidden_act`` (GPT-2: ``activation_function``), one of the activations the model
-    runs (:data:`tokenflow.model.ffn.ACTIVATIONS`, HF's ``ACT2FN`` names)."""
-    from .ffn import ACTIVATIONS
+    runs (:data:`~tokenflow.config.model_config.HIDDEN_ACTS`, HF's ``ACT2FN`` names)."""
     act = g("hidden_act", "gelu_new" if mt == "gpt2" else "silu")
-    if act not in ACTIVATIONS:
+    if act not in HIDDEN_ACTS:
         name = "activation_function" if mt == "gpt2" else "hidden_act"
         g.problem("hidden_act", f"{name} {act!r} is not supported (supported: "
-                  f"{sorted(ACTIVATIONS)})")
+                  f"{sorted(HIDDEN_ACTS)})")
         return "silu"
     return act
 
@@ -365,7 +366,6 @@ def _rope(g: _Reader, mt: str | None) -> dict:
     if rope.pop("partial_rotary_factor", g("partial_rotary_factor", 1.0)) != 1.0:
         g.problem("partial_rotary_factor", "partial_rotary_factor != 1 is not implemented "
                   "(rope_parameters)")
-    from .rope import ROPE_TYPES
     if kind not in ROPE_TYPES:
         g.problem("rope_parameters", f"rope_type {kind!r} is not implemented (supported: "
                   f"{sorted(ROPE_TYPES)})")
