@@ -19,6 +19,7 @@ the full masked block). Attention FLOPs are the causal work (the masked triangle
 """
 from __future__ import annotations
 
+from tokenflow import validate
 from tokenflow.model.config import ModelConfig
 
 from .memory import _attention_params_per_device, kv_cache_bytes, weight_bytes_per_device
@@ -71,10 +72,8 @@ def forward_flops(config: ModelConfig, *, batch: int = 1, new_tokens: int,
     _check_count("batch", batch, 1)
     _check_count("new_tokens", new_tokens, 1)
     _check_count("cached_tokens", cached_tokens, 0)
-    if logits not in ("all", "last"):
-        raise ValueError(f"logits must be 'all' or 'last', got {logits!r}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    validate.choice("logits", logits, ("all", "last"))
+    validate.boolean("causal", causal)
     S, P = new_tokens, cached_tokens
     T, H = batch * S, c.hidden_size
     d_qk, d_v = _attention_widths(c, S)
@@ -186,8 +185,7 @@ def expected_experts_touched(num_experts: int, top_k: int, *, num_tokens: int) -
     """
     _check_count("num_experts", num_experts, 1)
     _check_count("num_tokens", num_tokens, 0)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
-        raise ValueError(f"top_k must be an int in [1, num_experts={num_experts}], got {top_k!r}")
+    validate.integer("top_k", top_k, 1, num_experts, hi_name="num_experts")
     return num_experts * (1 - (1 - top_k / num_experts) ** num_tokens)
 
 
@@ -325,6 +323,5 @@ def lm_head_flops(config: ModelConfig, tokens: int = 1) -> int:
     Raises:
         ValueError: if ``tokens < 1``.
     """
-    if tokens < 1:
-        raise ValueError(f"tokens must be >= 1, got {tokens}")
+    _check_count("tokens", tokens, 1)
     return 2 * config.hidden_size * config.vocab_size * tokens

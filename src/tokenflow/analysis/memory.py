@@ -7,6 +7,7 @@ swapped without an error.
 """
 from __future__ import annotations
 
+from tokenflow import validate
 from tokenflow.model.config import ModelConfig
 
 from .params import _check_bytes, _check_count, _check_countable, param_breakdown
@@ -165,10 +166,8 @@ def max_batch_size(config: ModelConfig, *, context_len: int, device_memory_bytes
         ValueError: ``memory_fraction`` outside ``(0, 1]``, ``device_memory_bytes <= 0``, or
             the errors of the two functions above.
     """
-    if not 0 < memory_fraction <= 1:
-        raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}")
-    if device_memory_bytes <= 0:
-        raise ValueError(f"device_memory_bytes must be > 0, got {device_memory_bytes!r}")
+    validate.number("memory_fraction", memory_fraction, 0, 1, lo_open=True)
+    validate.number("device_memory_bytes", device_memory_bytes, 0, lo_open=True)
     free = memory_fraction * device_memory_bytes - weight_bytes_per_device(
         config, tp_size=tp_size, ep_size=ep_size, bytes_per_param=bytes_per_param)["total"]
     per_seq = kv_cache_bytes(config, context_len=context_len,
@@ -189,8 +188,7 @@ def mla_kv_cache_bytes_per_token(num_hidden_layers: int, kv_lora_rank: int,
     _check_bytes(bytes_per_element)
     for name, v in (("num_hidden_layers", num_hidden_layers), ("kv_lora_rank", kv_lora_rank),
                     ("qk_rope_head_dim", qk_rope_head_dim)):
-        if v < 1:
-            raise ValueError(f"{name} must be >= 1, got {v}")
+        _check_count(name, v, 1)
     return int(num_hidden_layers * _mla_entry_elements(kv_lora_rank, qk_rope_head_dim)
                * bytes_per_element)
 

@@ -8,6 +8,7 @@ After ``config`` and ``ep_size`` every argument is keyword-only.
 """
 from __future__ import annotations
 
+from tokenflow import validate
 from tokenflow.model.config import ModelConfig
 
 from .params import _check_bytes, _check_count
@@ -115,8 +116,7 @@ def moe_comm_bytes_per_token(config: ModelConfig, ep_size: int | None = None, *,
     if config.num_experts < 1:
         raise ValueError(f"config must be an MoE config (num_experts >= 1), got "
                          f"num_experts={config.num_experts}")
-    if path not in A2A_PATHS:
-        raise ValueError(f"path must be one of {A2A_PATHS}, got {path!r}")
+    validate.choice("path", path, A2A_PATHS)
     _check_bytes(dispatch_bytes_per_element)
     _check_bytes(combine_bytes_per_element)
     f = 1.0 if ep_size is None else expected_remote_fraction(ep_size)
