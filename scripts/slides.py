@@ -824,7 +824,8 @@ def cheat_sheet(lang: str = "en") -> str:
     moe = reference_config(routed[0])
     kv = kv_cache_bytes_per_token(llama, 2)
     fl = flops_per_token(llama, 4096)
-    ai_decode, ai_prefill = arithmetic_intensity(llama, 1, 4095), arithmetic_intensity(llama, 2048)
+    ai_decode = arithmetic_intensity(llama, new_tokens=1, cached_tokens=4095)
+    ai_prefill = arithmetic_intensity(llama, new_tokens=2048)
     ridge = ridge_point(hardware("H800"))
     a2a = moe_a2a_bytes(1, ds.num_experts_per_tok, ds.hidden_size, 2)
     c = llama

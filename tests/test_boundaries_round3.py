@@ -22,9 +22,9 @@ def test_sliding_layers_count_window_keys_only():
     assert any(layers)
     nh, D = cfg.num_attention_heads, cfg.head_dim
     want = sum(2 * nh * (8 if s else 101) * (D + D) for s in layers)
-    assert forward_flops(cfg, 1, 1, past_len=100)["attention_scores"] == want
+    assert forward_flops(cfg, new_tokens=1, cached_tokens=100)["attention_scores"] == want
     # at the window exactly (8 keys) nothing is capped yet
-    assert forward_flops(cfg, 1, 1, past_len=7)["attention_scores"] == \
+    assert forward_flops(cfg, new_tokens=1, cached_tokens=7)["attention_scores"] == \
         cfg.num_hidden_layers * 2 * nh * 8 * (D + D)
 
 

@@ -139,7 +139,7 @@ def test_step_bytes_table_weights_add_up_to_the_cost_model(traced):
     table = step_bytes_table(trace, model.config, 4)
     rows = {r[0]: r for r in table.rows}
     assert sum(r[3] for r in rows.values()) == pytest.approx(
-        forward_weight_bytes(model.config, 1, 4)["total"])
+        forward_weight_bytes(model.config, new_tokens=1, bytes_per_element=4)["total"])
     assert sum(r[2] for r in rows.values()) == sum(e.nbytes for e in trace.events)
     assert rows["sampling"][3] == 0 and rows["MoE experts"][3] > rows["MoE router"][3]
 

@@ -70,8 +70,8 @@ def test_forward_flops_match_torch_flop_counter(overrides, B, cached, new):
         counter = FlopCounterMode(display=False)
         with counter, explicit_attention():
             model(torch.randint(3, cfg.vocab_size, (B, new)), kv_cache=cache)
-    assert counter.get_total_flops() == forward_flops(cfg, B, new, cached,
-                                                       causal=False)["total"]
+    assert counter.get_total_flops() == forward_flops(cfg, batch=B, new_tokens=new,
+                                                      cached_tokens=cached, causal=False)["total"]
 
 
 @pytest.mark.parametrize("B,cached,new", [(1, 0, 4), (4, 7, 1)])
@@ -82,7 +82,8 @@ def test_forward_bytes_of_a_dense_model_are_its_weights_and_cache(B, cached, new
     weights = sum(p.numel() for n, p in model.named_parameters() if n != "embed_tokens.weight")
     rows = B * new * cfg.hidden_size                          # embedding rows looked up
     cache = KVCache(cfg, B, cached + new)                     # fp32: 4 bytes, every slot used
-    assert forward_bytes(cfg, new, cached, B, 4) == (weights + rows) * 4 + cache.nbytes()
+    assert forward_bytes(cfg, new_tokens=new, cached_tokens=cached, batch=B,
+                         bytes_per_element=4) == (weights + rows) * 4 + cache.nbytes()
 
 
 def test_forward_bytes_of_moe_read_the_experts_the_tokens_touch():
@@ -93,11 +94,13 @@ def test_forward_bytes_of_moe_read_the_experts_the_tokens_touch():
         return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * n
     # one token: exactly the active weights (K experts per MoE layer)
     one = active_param_count(cfg, include_embedding=False) + cfg.hidden_size + kv(1)
-    assert forward_bytes(cfg, 1, 0, 1, 1) == pytest.approx(one)
+    assert forward_bytes(cfg, new_tokens=1, cached_tokens=0, batch=1,
+                         bytes_per_element=1) == pytest.approx(one)
     # a huge batch touches every expert: all weights but the embedding
     big = 10_000
     everything = param_count(cfg) - cfg.vocab_size * cfg.hidden_size
-    assert forward_bytes(cfg, 1, 0, big, 1) == pytest.approx(
+    assert forward_bytes(cfg, new_tokens=1, cached_tokens=0, batch=big,
+                         bytes_per_element=1) == pytest.approx(
         everything + big * cfg.hidden_size + kv(big))
     assert everything - (active_param_count(cfg, False)) == \
         moe_layers * (cfg.num_experts - cfg.num_experts_per_tok) * per_expert
@@ -110,21 +113,46 @@ def test_expected_experts_touched_matches_simulation():
     for _ in range(trials):
         picks = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
         seen += picks.unique().numel()
-    assert expected_experts_touched(E, K, T) == pytest.approx(seen / trials, rel=0.02)
-    assert expected_experts_touched(E, K, 1) == pytest.approx(K)
-    assert expected_experts_touched(E, K, 0) == 0
+    assert expected_experts_touched(E, K, num_tokens=T) == pytest.approx(seen / trials, rel=0.02)
+    assert expected_experts_touched(E, K, num_tokens=1) == pytest.approx(K)
+    assert expected_experts_touched(E, K, num_tokens=0) == 0
 
 
 @pytest.mark.parametrize("kwargs", [dict(new_tokens=0), dict(cached_tokens=-1),
-                                    dict(batch_size=0), dict(new_tokens=1.5)])
+                                    dict(batch=0), dict(new_tokens=1.5), dict(batch=True)])
 def test_forward_flops_and_bytes_reject_bad_counts(kwargs):
-    args = dict(new_tokens=1, cached_tokens=0, batch_size=1) | kwargs
-    with pytest.raises(ValueError, match=next(iter(kwargs))):
-        forward_bytes(preset("tiny"), **args)
+    from tokenflow.analysis.costmodel import arithmetic_intensity
+    args = dict(batch=1, new_tokens=1, cached_tokens=0) | kwargs
+    for fn in (forward_bytes, forward_flops, arithmetic_intensity):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            fn(preset("tiny"), **args)
     with pytest.raises(ValueError, match="bytes_per_element"):
-        forward_bytes(preset("tiny"), 1, bytes_per_element=0)
+        forward_bytes(preset("tiny"), new_tokens=1, bytes_per_element=0)
     with pytest.raises(ValueError, match="top_k"):
-        expected_experts_touched(8, 9, 1)
+        expected_experts_touched(8, 9, num_tokens=1)
+
+
+def test_one_vocabulary_a_positional_count_is_refused_not_misread():
+    """Every function of a pass takes (config, *, batch, new_tokens, cached_tokens): a call in
+    an old positional order raises TypeError instead of returning another step's number, and
+    the keywords give forward_flops and forward_bytes the same step."""
+    from tokenflow.analysis.costmodel import (arithmetic_intensity, forward_weight_bytes,
+                                              max_batch_size, weight_bytes_per_device)
+    cfg = preset("tiny")
+    calls = [lambda: forward_flops(cfg, 4, 1, 99), lambda: forward_bytes(cfg, 1, 99, 4),
+             lambda: arithmetic_intensity(cfg, 1, 99, 4), lambda: forward_weight_bytes(cfg, 4),
+             lambda: kv_cache_bytes(cfg, 4, 100), lambda: weight_bytes_per_device(cfg, 1, 2),
+             lambda: max_batch_size(cfg, 100, 80e9),
+             lambda: moe_comm_bytes_per_token(cfg, 2, 1, 2)]
+    for call in calls:
+        with pytest.raises(TypeError, match="positional"):
+            call()
+    step = dict(batch=4, new_tokens=1, cached_tokens=99)
+    intensity = forward_flops(cfg, **step)["total"] / forward_bytes(cfg, **step)
+    assert arithmetic_intensity(cfg, **step) == pytest.approx(intensity, rel=1e-12)
+    # a different step gives a different number: the keywords are read, not ignored
+    assert arithmetic_intensity(cfg, **step) != pytest.approx(
+        arithmetic_intensity(cfg, batch=1, new_tokens=4, cached_tokens=99))
 
 
 # ------------------------------------------------------------------ F9: real configs
@@ -271,7 +299,7 @@ def test_rope_scaling_and_windows_are_kept():
     assert [cfg.layer_is_sliding(i) for i in range(3)] == [True, False, True]
     per_layer = 2 * 2 * 16 * 2                          # K and V, 2 heads of 16, bf16
     # 100 tokens: the two sliding layers keep 8, the full one 100
-    assert kv_cache_bytes(cfg, 3, 100) == 3 * per_layer * (8 + 100 + 8)
+    assert kv_cache_bytes(cfg, batch=3, context_len=100) == 3 * per_layer * (8 + 100 + 8)
     assert kv_cache_bytes_per_token(cfg) == 3 * per_layer
     mistral = ModelConfig.from_hf_config(_hf_model("mistral")[0])
     assert kv_cache_bytes_per_token(mistral, context_len=80) == 3 * per_layer * 8 // 80
@@ -284,8 +312,9 @@ def test_weights_per_device_and_max_batch_by_hand():
     assert weight_bytes_per_device(llama)["total"] == 2 * total
     kv_seq = 2 * raw["num_hidden_layers"] * raw["num_key_value_heads"] * raw["head_dim"] \
         * 2 * 8192                                    # 1 GiB per 8,192-token sequence
-    assert max_batch_size(llama, 8192, 80e9) == math.floor((0.9 * 80e9 - 2 * total) / kv_seq)
-    assert kv_cache_bytes(llama, 1, 8192, tp_size=4) == kv_seq // 4
+    assert max_batch_size(llama, context_len=8192,
+                          device_memory_bytes=80e9) == math.floor((0.9 * 80e9 - 2 * total) / kv_seq)
+    assert kv_cache_bytes(llama, batch=1, context_len=8192, tp_size=4) == kv_seq // 4
     mix = reference_config("Mixtral-8x7B")
     w1, w8 = weight_bytes_per_device(mix), weight_bytes_per_device(mix, ep_size=8)
     assert math.isclose(w8["expert_parallel"] * 8, w1["expert_parallel"])
@@ -313,7 +342,7 @@ def test_group_limited_routing_reaches_more_than_four_nodes_at_ep128():
     8 nodes of 16 experts each, and a token reaches 8 * (1 - C(112, 8) / C(128, 8)) = 5.34
     of them on average (up to 8)."""
     v3 = reference_config("DeepSeek-V3")
-    n = expected_nodes_per_token(v3, 128, 8)
+    n = expected_nodes_per_token(v3, 128, gpus_per_node=8)
     assert n == pytest.approx(8 * (1 - comb(112, 8) / comb(128, 8)), rel=1e-12)
     assert 5.3 < n < 5.4
     # EP32: 4 nodes of 64 experts, 2 groups per node. Of the C(8, 4) = 70 choices of groups,
@@ -321,13 +350,13 @@ def test_group_limited_routing_reaches_more_than_four_nodes_at_ep128():
     miss64, miss32 = comb(64, 8) / comb(128, 8), comb(96, 8) / comb(128, 8)
     want = (6 * 2 * (1 - miss64) + 48 * ((1 - miss64) + 2 * (1 - miss32))
             + 16 * 4 * (1 - miss32)) / 70
-    assert expected_nodes_per_token(v3, 32, 8) == pytest.approx(want, rel=1e-12)
+    assert expected_nodes_per_token(v3, 32, gpus_per_node=8) == pytest.approx(want, rel=1e-12)
     # without a limit: K distinct experts of 256 over 4 nodes of 64
     free = v3.replace(n_group=1, topk_group=1)
-    assert expected_nodes_per_token(free, 32, 8) == pytest.approx(
+    assert expected_nodes_per_token(free, 32, gpus_per_node=8) == pytest.approx(
         4 * (1 - comb(192, 8) / comb(256, 8)), rel=1e-12)
     with pytest.raises(ValueError, match="max_nodes_per_token"):
-        expected_nodes_per_token(v3, 32, 8, max_nodes_per_token=0)
+        expected_nodes_per_token(v3, 32, gpus_per_node=8, max_nodes_per_token=0)
 
 
 @pytest.mark.parametrize("ep", [128, 144])
@@ -337,7 +366,8 @@ def test_decode_all_to_all_is_direct_over_infiniband(ep):
     8 * 127/128 * 7168 * (1 + 2) = 170,688 B per token per MoE layer, nothing over NVLink
     (EP144: 143/144)."""
     v3 = reference_config("DeepSeek-V3")
-    m = moe_comm_bytes_per_token(v3, ep, 1, 2, gpus_per_node=8, path="direct")
+    m = moe_comm_bytes_per_token(v3, ep, dispatch_bytes_per_element=1, combine_bytes_per_element=2,
+                                 gpus_per_node=8, path="direct")
     want = 8 * (ep - 1) / ep * 7168 * 3
     assert m["scale_out"] == pytest.approx(want, rel=1e-12) and m["scale_up"] == 0
     assert m["scale_out_dispatch"] == pytest.approx(8 * (ep - 1) / ep * 7168, rel=1e-12)
@@ -345,13 +375,16 @@ def test_decode_all_to_all_is_direct_over_infiniband(ep):
     if ep == 128:
         assert round(want / 1e3, 1) == 170.7
     # the hierarchical path (prefill) sends fewer IB bytes and forwards over NVLink
-    h = moe_comm_bytes_per_token(v3, ep, 1, 2, gpus_per_node=8)
+    h = moe_comm_bytes_per_token(v3, ep, dispatch_bytes_per_element=1, combine_bytes_per_element=2,
+                                 gpus_per_node=8)
     assert h["scale_out"] < m["scale_out"] and h["scale_up"] == pytest.approx(
         8 * 7 / 8 * 7168 * 3, rel=1e-12)
     # on one node both paths are NVLink only
-    one = moe_comm_bytes_per_token(v3, 8, 1, 2, gpus_per_node=8, path="direct")
+    one = moe_comm_bytes_per_token(v3, 8, dispatch_bytes_per_element=1, combine_bytes_per_element=2,
+                                   gpus_per_node=8, path="direct")
     assert one["scale_out"] == 0 and one["total"] == pytest.approx(
-        moe_comm_bytes_per_token(v3, 8, 1, 2)["total"])
+        moe_comm_bytes_per_token(v3, 8, dispatch_bytes_per_element=1,
+                                 combine_bytes_per_element=2)["total"])
     with pytest.raises(ValueError, match="path"):
         moe_comm_bytes_per_token(v3, ep, gpus_per_node=8, path="ring")
 
@@ -378,7 +411,8 @@ def test_forward_bytes_with_ep_counts_the_whole_ep_groups_tokens():
     device_weights = param_count(cfg) - cfg.vocab_size * H - routed * (ep - 1) / ep
     untouched = (routed / ep) * (1 - K / E) ** ep
     expected = device_weights - untouched + H + kv1
-    assert forward_bytes(cfg, 1, 0, 1, 1, ep_size=ep) == pytest.approx(expected, rel=1e-12)
+    assert forward_bytes(cfg, new_tokens=1, cached_tokens=0, batch=1, bytes_per_element=1,
+                         ep_size=ep) == pytest.approx(expected, rel=1e-12)
 
 
 # ---- C1: what the sources say (issue 26)
@@ -389,20 +423,24 @@ def test_dense_reads_all_weights_moe_only_the_experts_its_tokens_touch():
     from tokenflow.analysis.costmodel import forward_weight_bytes, param_breakdown
     dense, moe = preset("tiny-dense"), preset("tiny")
     for T in (1, 5, 1000):
-        w = forward_weight_bytes(dense, T, 4)
+        w = forward_weight_bytes(dense, new_tokens=T, bytes_per_element=4)
         table = dense.vocab_size * dense.hidden_size
         assert w["total"] == (param_count(dense) - table + T * dense.hidden_size) * 4
     b = param_breakdown(moe)
     E, K = moe.num_experts, moe.num_experts_per_tok
-    one, five, many = (forward_weight_bytes(moe, T, 4) for T in (1, 5, 100_000))
+    one, five, many = (forward_weight_bytes(moe, new_tokens=T, bytes_per_element=4) for T in (1, 5,
+                                                                                              100_000))
     assert one["routed_experts"] == pytest.approx(b["routed_experts"] * K / E * 4)
     assert one["experts_touched"] == pytest.approx(K)
     assert one["total"] < five["total"] < many["total"]
     assert many["routed_experts"] == pytest.approx(b["routed_experts"] * 4)
     whole = param_count(moe) * 4
     assert one["total"] < 0.55 * whole           # about 0.83 MB of 1.64 MB
-    assert forward_weight_bytes(moe, 5, 4)["total"] + 0 == pytest.approx(
-        forward_bytes(moe, 5, 0, 1, 4) - kv_cache_bytes(moe, 1, 5, 4))
+    assert forward_weight_bytes(moe, new_tokens=5,
+                                bytes_per_element=4)["total"] + 0 == pytest.approx(
+        forward_bytes(moe, new_tokens=5, cached_tokens=0, batch=1,
+                      bytes_per_element=4) - kv_cache_bytes(moe, batch=1, context_len=5,
+                                                            bytes_per_element=4))
 
 
 def test_activated_parameters_quoted_precisely():
@@ -420,22 +458,29 @@ def test_node_arguments_are_honoured_and_the_a2a_table_reconciles():
     from tokenflow.analysis.costmodel import A2A_TABLE_COLUMNS, moe_a2a_table
     v3 = reference_config("DeepSeek-V3")
     K, H = v3.num_experts_per_tok, v3.hidden_size
-    m = moe_comm_bytes_per_token(v3, 32, 1, 2, gpus_per_node=8, max_nodes_per_token=4)
+    m = moe_comm_bytes_per_token(v3, 32, dispatch_bytes_per_element=1, combine_bytes_per_element=2,
+                                 gpus_per_node=8, max_nodes_per_token=4)
     assert math.isclose(m["total"], m["scale_out"] + m["scale_up"])
     assert math.isclose(m["scale_out_dispatch"] * 2, m["scale_out_combine"])   # fp8 vs bf16
     n = 4 * (1 - comb(192, 8) / comb(256, 8))        # 4 nodes of 64, all 4 allowed, K = 8
     assert m["scale_out"] == pytest.approx(n * 3 / 4 * H * 3, rel=1e-12)
     assert math.isclose(m["scale_up"], K * 7 / 8 * H * 3)
-    assert m["total"] != pytest.approx(moe_comm_bytes_per_token(v3, 32, 1, 2)["total"])
-    one = moe_comm_bytes_per_token(v3, 8, 1, 2, gpus_per_node=8)
-    assert math.isclose(one["total"], moe_comm_bytes_per_token(v3, 8, 1, 2)["total"])
+    assert m["total"] != pytest.approx(moe_comm_bytes_per_token(v3, 32,
+                                                                dispatch_bytes_per_element=1,
+                                                                combine_bytes_per_element=2)["total"])
+    one = moe_comm_bytes_per_token(v3, 8, dispatch_bytes_per_element=1, combine_bytes_per_element=2,
+                                   gpus_per_node=8)
+    assert math.isclose(one["total"],
+                        moe_comm_bytes_per_token(v3, 8, dispatch_bytes_per_element=1,
+                                                 combine_bytes_per_element=2)["total"])
     rows = moe_a2a_table(v3, 144)
     assert all(len(r) == len(A2A_TABLE_COLUMNS) for r in rows)
     got = {(r[0], r[1]): r[4] for r in rows}
     assert got[("flat, all remote, bf16", "any")] == pytest.approx(2 * K * H * 2 / 1e3)
     assert got[("flat, all remote, fp8 dispatch, bf16 combine", "any")] == \
         pytest.approx(K * H * 3 / 1e3)
-    lim = moe_comm_bytes_per_token(v3, 144, 1, 2, 8)
+    lim = moe_comm_bytes_per_token(v3, 144, dispatch_bytes_per_element=1,
+                                   combine_bytes_per_element=2, gpus_per_node=8)
     grouped = "EP144, 8 GPUs/node, hierarchical, 4 of 8 groups"
     assert got[(grouped, "InfiniBand")] == pytest.approx(lim["scale_out"] / 1e3)
     assert got[(grouped, "both")] == pytest.approx(lim["total"] / 1e3)
@@ -452,29 +497,34 @@ def test_kv_cache_keeps_one_head_per_device_beyond_the_kv_heads(name, tp):
     c = reference_config(name)
     nkv, D, L = c.num_key_value_heads, c.head_dim, c.num_hidden_layers
     per_token = 2 * L * max(nkv // tp, 1) * D * 2
-    assert kv_cache_bytes(c, 2, 4096, tp_size=tp) == 2 * 4096 * per_token
+    assert kv_cache_bytes(c, batch=2, context_len=4096, tp_size=tp) == 2 * 4096 * per_token
     if tp > nkv:
-        assert kv_cache_bytes(c, 2, 4096, tp_size=tp) == kv_cache_bytes(c, 2, 4096,
-                                                                         tp_size=nkv)
+        assert kv_cache_bytes(c, batch=2, context_len=4096, tp_size=tp) == \
+            kv_cache_bytes(c, batch=2, context_len=4096, tp_size=nkv)
     # max_batch_size divides by the floored per-sequence bytes (weights: free memory huge)
     free = 1e15
-    assert max_batch_size(c, 4096, free / 0.9, tp_size=tp, ep_size=1) == int(
-        (free - weight_bytes_per_device(c, tp)["total"]) // (4096 * per_token))
+    assert max_batch_size(c, context_len=4096, device_memory_bytes=free / 0.9, tp_size=tp,
+                          ep_size=1) == int(
+        (free - weight_bytes_per_device(c, tp_size=tp)["total"]) // (4096 * per_token))
 
 
 def test_mqa_and_sliding_layers_keep_the_floor():
     mqa = preset("tiny-dense", num_key_value_heads=1)
-    one = kv_cache_bytes(mqa, 1, 32)
+    one = kv_cache_bytes(mqa, batch=1, context_len=32)
     for tp in (2, 4):                                    # one K/V head: never split
-        assert kv_cache_bytes(mqa, 1, 32, tp_size=tp) == one
+        assert kv_cache_bytes(mqa, batch=1, context_len=32, tp_size=tp) == one
     win = preset("tiny-dense", sliding_window=8, num_key_value_heads=2)
-    assert kv_cache_bytes(win, 1, 32, tp_size=4) == kv_cache_bytes(win, 1, 32, tp_size=2) \
-        == kv_cache_bytes(win, 1, 32) // 2 == 3 * 8 * 2 * 32 * 2
+    assert kv_cache_bytes(win, batch=1, context_len=32, tp_size=4) == kv_cache_bytes(win, batch=1,
+                                                                                     context_len=32,
+                                                                                     tp_size=2) \
+        == kv_cache_bytes(win, batch=1, context_len=32) // 2 == 3 * 8 * 2 * 32 * 2
     with pytest.raises(ValueError, match="tp_size"):
-        kv_cache_bytes(win, 1, 32, tp_size=3)            # neither divides the other
+        # neither divides the other
+        kv_cache_bytes(win, batch=1, context_len=32, tp_size=3)
     # MLA's latent is replicated on every device whatever tp
     v3 = reference_config("DeepSeek-V3")
-    assert kv_cache_bytes(v3, 1, 100, tp_size=8) == kv_cache_bytes(v3, 1, 100)
+    assert kv_cache_bytes(v3, batch=1, context_len=100, tp_size=8) == kv_cache_bytes(v3, batch=1,
+                                                                                     context_len=100)
 
 
 # ---- issue C1r item 5: a value flagged UNVERIFIED is never labelled published ----------------
@@ -527,10 +577,11 @@ def test_kv_projection_weights_are_replicated_beyond_the_kv_heads(nkv, H, nh, tp
     (reported 8.25)."""
     from tokenflow.analysis.costmodel import forward_weight_bytes
     c = _attn_only(nkv, H, nh)
-    assert forward_weight_bytes(c, 1, 2, tp_size=tp)["attention"] == mib * MiB
+    assert forward_weight_bytes(c, new_tokens=1, bytes_per_element=2,
+                                tp_size=tp)["attention"] == mib * MiB
     rest = (2 * 128 * H + 3 * H * 128) * 2 / tp                # embedding, lm_head, FFN
-    assert weight_bytes_per_device(c, tp)["tensor_parallel"] == mib * MiB + rest
-    assert weight_bytes_per_device(c, tp)["replicated"] == 3 * H * 2          # 3 RMSNorms
+    assert weight_bytes_per_device(c, tp_size=tp)["tensor_parallel"] == mib * MiB + rest
+    assert weight_bytes_per_device(c, tp_size=tp)["replicated"] == 3 * H * 2          # 3 RMSNorms
 
 
 def test_max_batch_size_counts_the_replicated_kv_weights():
@@ -547,9 +598,9 @@ def test_max_batch_size_counts_the_replicated_kv_weights():
                     num_experts=0, num_experts_per_tok=0, num_shared_experts=0,
                     max_position_embeddings=8192, pad_token_id=0, bos_token_id=0,
                     eos_token_id=0)
-    assert weight_bytes_per_device(c, 16)["total"] == 8_989_458_432
-    assert kv_cache_bytes(c, 1, 8192, tp_size=16) == 335_544_320
-    assert max_batch_size(c, 8192, 80e9, tp_size=16) == 187
+    assert weight_bytes_per_device(c, tp_size=16)["total"] == 8_989_458_432
+    assert kv_cache_bytes(c, batch=1, context_len=8192, tp_size=16) == 335_544_320
+    assert max_batch_size(c, context_len=8192, device_memory_bytes=80e9, tp_size=16) == 187
 
 
 def test_mla_latent_projection_is_replicated_like_its_cache():
@@ -562,17 +613,20 @@ def test_mla_latent_projection_is_replicated_like_its_cache():
                     num_key_value_heads=4, intermediate_size=32, num_experts=0,
                     num_experts_per_tok=0, num_shared_experts=0, kv_lora_rank=32,
                     qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
-    assert forward_weight_bytes(c, 1, 1, tp_size=4)["attention"] == 2 * 6176
-    assert forward_weight_bytes(c, 1, 1)["attention"] == 2 * (6144 + 4096 + 4096 + 2592)
+    assert forward_weight_bytes(c, new_tokens=1, bytes_per_element=1,
+                                tp_size=4)["attention"] == 2 * 6176
+    assert forward_weight_bytes(c, new_tokens=1,
+                                bytes_per_element=1)["attention"] == 2 * (6144 + 4096 + 4096 + 2592)
 
 
 def test_kv_heads_split_that_is_neither_divisor_nor_multiple_is_refused_for_weights_too():
     c = _attn_only(6, H=768, nh=12)
     with pytest.raises(ValueError, match="num_key_value_heads"):
-        weight_bytes_per_device(c, 4)
+        weight_bytes_per_device(c, tp_size=4)
     with pytest.raises(ValueError, match="num_key_value_heads"):
-        kv_cache_bytes(c, 1, 8, tp_size=4)
-    assert weight_bytes_per_device(c, 3)["total"] > 0 and weight_bytes_per_device(c, 12)
+        kv_cache_bytes(c, batch=1, context_len=8, tp_size=4)
+    assert weight_bytes_per_device(c, tp_size=3)["total"] > 0 and weight_bytes_per_device(c,
+                                                                                          tp_size=12)
 
 
 # ---- expert-parallel groups smaller than a node: NVLink over the GPUs in use --------------
@@ -588,13 +642,15 @@ def test_ep_group_within_a_node_counts_nvlink_over_the_gpus_in_use(ep, scale_up_
     43,008 elements per direction, nothing crosses InfiniBand; FP8 dispatch (1 B), BF16
     combine (2 B)."""
     v3 = reference_config("DeepSeek-V3").replace(n_group=1, topk_group=1)
-    m = moe_comm_bytes_per_token(v3, ep, 1, 2, gpus_per_node=8)
+    m = moe_comm_bytes_per_token(v3, ep, dispatch_bytes_per_element=1, combine_bytes_per_element=2,
+                                 gpus_per_node=8)
     assert m["scale_up_dispatch"] == pytest.approx(scale_up_elems)
     assert m["scale_up_combine"] == pytest.approx(2 * scale_up_elems)
     assert m["scale_out_dispatch"] == pytest.approx(scale_out_elems)
     assert m["total"] == pytest.approx(3 * (scale_up_elems + scale_out_elems))
     if ep <= 8:                             # one node: the flat numbers, uniform routing
-        flat = moe_comm_bytes_per_token(v3, ep, 1, 2)
+        flat = moe_comm_bytes_per_token(v3, ep, dispatch_bytes_per_element=1,
+                                        combine_bytes_per_element=2)
         assert m["total"] == pytest.approx(flat["total"]) and m["nodes_per_token"] == 1
     from tokenflow.analysis.costmodel import moe_a2a_table
     rows = {(r[0], r[1]): r[2:] for r in moe_a2a_table(v3, ep)}

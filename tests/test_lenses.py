@@ -204,13 +204,13 @@ def test_roofline_summary_charges_attention_at_bf16_like_chapter_7s_table():
     service (matmuls FP8, attention core BF16), so its times are the table's, and its title
     says so."""
     from tokenflow.analysis.costmodel import reference_config
-    from tokenflow.analysis.roofline import hardware, roofline
+    from tokenflow.analysis.roofline import Deployment, hardware, roofline
     from tokenflow.viz import roofline_summary, roofline_table
     ds = reference_config("DeepSeek-V3")
     s = roofline_summary(ds, "H800", "decode", 88, 4989, ep_size=128)
-    r = roofline(ds, hardware("H800"), "decode", 88, 4989, ep_size=128, dtype="fp8",
-                 attention_dtype="bf16", bytes_per_param=1, kv_bytes_per_element=2,
-                 dispatch_bytes_per_element=1,
-                 combine_bytes_per_element=2)
+    fp8 = Deployment(hardware("H800"), ep_size=128, dtype="fp8", attention_dtype="bf16",
+                     bytes_per_param=1, kv_bytes_per_element=2, dispatch_bytes_per_element=1,
+                     combine_bytes_per_element=2)
+    r = roofline(ds, fp8, phase="decode", batch=88, context_len=4989)
     assert s["compute_s"] == pytest.approx(r["compute_s"], rel=1e-12)
     assert s["attention_dtype"] == "bf16" and "attention bf16" in roofline_table(s).title

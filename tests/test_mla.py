@@ -282,7 +282,7 @@ def test_decode_costs_formula_equals_counted_flops(L):
                 else:
                     out, _ = attn.attend_absorbed(q_nope, q_rope, latent, k_rope, mask)
             counted[form] = fc.get_total_flops()
-    costs = costmodel.mla_decode_attention_costs(model.config, L, 4)
+    costs = costmodel.mla_decode_attention_costs(model.config, L, bytes_per_element=4)
     assert {k: v["flops"] for k, v in costs.items()} == counted
     w = attn.kv_b_proj.weight.nbytes
     assert costs["absorbed"]["bytes_read"] == latent.nbytes + k_rope.nbytes + w

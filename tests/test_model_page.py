@@ -232,12 +232,12 @@ def test_configs_it_cannot_read_get_a_message_naming_the_field(hf, words):
 
 def test_a_change_on_one_side_fails(monkeypatch):
     """The harness can fail: a Python side that counts one more norm per layer disagrees."""
-    from tokenflow.analysis import costmodel
+    from tokenflow.analysis import params
     hf = bundled_hf_configs()["Llama-3-8B"]
     s = dict(hw="H800", precision="bf16", batch=8, context=4096, tp=1, ep=1)
     js = run_js([dict(hf=hf, settings=s)])[0]
-    real = costmodel._norm_params
-    monkeypatch.setattr(costmodel, "_norm_params", lambda c, w: real(c, w) + 1)
+    real = params._norm_params
+    monkeypatch.setattr(params, "_norm_params", lambda c, w: real(c, w) + 1)
     with pytest.raises(AssertionError, match="params_total"):
         _check_case(hf, js, s, "Llama-3-8B")
 

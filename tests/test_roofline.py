@@ -9,6 +9,7 @@ from tokenflow import KVCache, TokenFlowModel, preset
 from tokenflow.analysis.costmodel import param_breakdown, reference_config
 from tokenflow.analysis.roofline import (
     HARDWARE,
+    Deployment,
     flops_per_token,
     forward_flops,
     hardware,
@@ -36,8 +37,10 @@ def test_forward_flops_match_torch_flop_counter(name):
     model = TokenFlowModel(cfg).eval()
     ids = torch.randint(3, cfg.vocab_size, (2, 16))
     cache = KVCache(cfg, 2, 32)
-    for f, counted in ((forward_flops(cfg, 2, 16, causal=False), _counted(model, ids, cache)),
-                       (forward_flops(cfg, 2, 1, past_len=16), _counted(model, ids[:, :1],
+    for f, counted in ((forward_flops(cfg, batch=2, new_tokens=16, causal=False),
+                        _counted(model, ids, cache)),
+                       (forward_flops(cfg, batch=2, new_tokens=1, cached_tokens=16),
+                        _counted(model, ids[:, :1],
                                                                         cache))):
         assert f["total"] - f["attention_scores"] == counted
         assert abs(f["total"] / counted - 1) < 0.10
@@ -59,17 +62,18 @@ def test_decode_flops_by_hand():
 def test_roofline_decode_is_memory_bound_and_adds_up():
     ds = reference_config("DeepSeek-V3")
     h800 = hardware("H800")
-    r = roofline(ds, h800, "decode", batch=32, context_len=4096, ep_size=8,
-                 bytes_per_param=1)
+    r = roofline(ds, Deployment(h800, ep_size=8, bytes_per_param=1), phase="decode", batch=32,
+                 context_len=4096)
     assert r["bound"] == "memory"
     assert math.isclose(r["compute_s"], 32 * flops_per_token(ds, 4096) / h800.peak_flops["bf16"])
     assert math.isclose(r["step_s"], max(r["compute_s"], r["memory_s"], r["comm_s"]))
     assert math.isclose(r["tokens_per_s"], 32 / r["step_s"])
-    p = roofline(ds, h800, "prefill", batch=1, context_len=4096, ep_size=64,
-                 bytes_per_param=1)
+    p = roofline(ds, Deployment(h800, ep_size=64, bytes_per_param=1), phase="prefill", batch=1,
+                 context_len=4096)
     assert p["compute_s"] > p["memory_s"]             # long prompts are compute-heavy
     with pytest.raises(ValueError, match="dtype"):
-        roofline(ds, h800, "decode", 1, 16, ep_size=64, dtype="int3")
+        roofline(ds, Deployment(h800, ep_size=64, dtype="int3"), phase="decode", batch=1,
+                 context_len=16)
 
 
 def test_presets_cite_sources_and_cpu_probe_smoke():
@@ -80,7 +84,8 @@ def test_presets_cite_sources_and_cpu_probe_smoke():
     cpu = probe_cpu(0.05)
     assert cpu.peak_flops["fp32"] > 1e8 and cpu.memory_bandwidth > 1e8
     assert "measured" in cpu.source
-    r = roofline(preset("tiny-dense"), cpu, "decode", 1, 16, dtype="fp32")
+    r = roofline(preset("tiny-dense"), Deployment(cpu, dtype="fp32"), phase="decode", batch=1,
+                 context_len=16)
     assert r["tokens_per_s"] > 0 and r["comm_s"] == 0
 
 
@@ -97,9 +102,10 @@ def test_roofline_memory_is_forward_bytes(name, phase, batch, context):
     after none; the memory term must be exactly forward_bytes of that pass."""
     cfg = preset(name) if name.startswith("tiny") else reference_config(name)
     new = 1 if phase == "decode" else context
-    r = roofline(cfg, hardware("H100"), phase, batch, context, bytes_per_param=1,
-                 kv_bytes_per_element=2)
-    assert r["memory_bytes"] == forward_bytes(cfg, new, context - new, batch, 1,
+    r = roofline(cfg, Deployment(hardware("H100"), bytes_per_param=1, kv_bytes_per_element=2),
+                 phase=phase, batch=batch, context_len=context)
+    assert r["memory_bytes"] == forward_bytes(cfg, new_tokens=new, cached_tokens=context - new,
+                                              batch=batch, bytes_per_element=1,
                                               kv_bytes_per_element=2)
 
 
@@ -108,8 +114,9 @@ def test_expert_parallel_reads_only_the_device_experts():
     ``ep`` devices reads ``1/ep`` of the routed-expert bytes the single device reads."""
     cfg = preset("tiny")
     b = param_breakdown(cfg)
-    one = forward_bytes(cfg, 1, 0, 10_000, 1)
-    four = forward_bytes(cfg, 1, 0, 10_000, 1, ep_size=4)
+    one = forward_bytes(cfg, new_tokens=1, cached_tokens=0, batch=10_000, bytes_per_element=1)
+    four = forward_bytes(cfg, new_tokens=1, cached_tokens=0, batch=10_000, bytes_per_element=1,
+                         ep_size=4)
     assert one - four == pytest.approx(b["routed_experts"] * 3 / 4)
 
 
@@ -128,7 +135,8 @@ def test_arithmetic_intensity_is_counted_flops_over_tensor_bytes(B, cached, new)
             model(torch.randint(3, cfg.vocab_size, (B, new)), kv_cache=cache)
     weights = sum(p.numel() for n, p in model.named_parameters() if n != "embed_tokens.weight")
     nbytes = (weights + B * new * cfg.hidden_size) * 4 + cache.nbytes()
-    assert arithmetic_intensity(cfg, new, cached, B, 4, causal=False) == pytest.approx(
+    assert arithmetic_intensity(cfg, new_tokens=new, cached_tokens=cached, batch=B,
+                                bytes_per_element=4, causal=False) == pytest.approx(
         fc.get_total_flops() / nbytes, rel=1e-12)
 
 
@@ -147,8 +155,10 @@ def test_links_overlap_and_combine_is_bf16():
     """Item 5: NVLink and InfiniBand run at the same time (V3 report 3.2.2), so comm time is
     the longer of the two; dispatch FP8 (weights' byte) and combine BF16 (day-6 note)."""
     ds, h800 = reference_config("DeepSeek-V3"), hardware("H800")
-    r = roofline(ds, h800, "prefill", 2, 4989, ep_size=32, dtype="fp8", bytes_per_param=1)
-    m = moe_comm_bytes_per_token(ds, 32, 1, 2, gpus_per_node=8)
+    r = roofline(ds, Deployment(h800, ep_size=32, dtype="fp8", bytes_per_param=1), phase="prefill",
+                 batch=2, context_len=4989)
+    m = moe_comm_bytes_per_token(ds, 32, dispatch_bytes_per_element=1, combine_bytes_per_element=2,
+                                 gpus_per_node=8)
     T = 2 * 4989
     assert r["scale_out_bytes"] == pytest.approx(T * num_moe_layers(ds) * m["scale_out"])
     assert r["scale_up_bytes"] == pytest.approx(T * num_moe_layers(ds) * m["scale_up"])
@@ -179,14 +189,15 @@ def test_mla_decode_counts_the_absorbed_form_that_runs():
     A prefill still counts the naive per-head form."""
     ds = reference_config("DeepSeek-V3")
     L, nh = 4096, ds.num_attention_heads
-    f = forward_flops(ds, 1, 1, L - 1)
+    f = forward_flops(ds, batch=1, new_tokens=1, cached_tokens=L - 1)
     per_key = f["attention_scores"] / (ds.num_hidden_layers * L)
     assert per_key == 2 * nh * (576 + 512)
     per_kv_byte = per_key / (576 * 2)
     assert 240 < per_kv_byte < 243 and per_kv_byte < ridge_point(hardware("H800"))
-    p = forward_flops(ds, 1, 16, causal=False)
+    p = forward_flops(ds, batch=1, new_tokens=16, causal=False)
     assert p["attention_scores"] == 16 * ds.num_hidden_layers * 2 * nh * 16 * (192 + 128)
-    causal = forward_flops(ds, 1, 16)                      # query i meets i + 1 keys: 136
+    # query i meets i + 1 keys: 136
+    causal = forward_flops(ds, batch=1, new_tokens=16)
     assert causal["attention_scores"] == 136 * ds.num_hidden_layers * 2 * nh * (192 + 128)
 
 
@@ -204,8 +215,10 @@ def test_lm_head_last_at_batch_above_one_matches_the_counter(B, S, past):
         model(ids[:, :past], kv_cache=cache)
     with torch.enable_grad(), FlopCounterMode(display=False) as fc:
         model(ids[:, past:], kv_cache=cache, logits_to_keep=1)
-    last = forward_flops(cfg, B, S, past_len=past, logits="last", causal=False)
-    every = forward_flops(cfg, B, S, past_len=past, logits="all", causal=False)
+    last = forward_flops(cfg, batch=B, new_tokens=S, cached_tokens=past, logits="last",
+                         causal=False)
+    every = forward_flops(cfg, batch=B, new_tokens=S, cached_tokens=past, logits="all",
+                          causal=False)
     assert last["total"] - last["attention_scores"] == fc.get_total_flops()
     H, V = cfg.hidden_size, cfg.vocab_size
     assert last["lm_head"] == B * 2 * H * V and every["lm_head"] == B * S * 2 * H * V
@@ -216,12 +229,12 @@ def test_lm_head_last_at_batch_above_one_matches_the_counter(B, S, past):
 def test_prefill_flops_scale_with_batch(name):
     """A prefill of B prompts is B prefills of one (each computes its own last logits)."""
     cfg = preset(name) if name == "tiny" else reference_config(name)
-    one = forward_flops(cfg, 1, 64, logits="last")
+    one = forward_flops(cfg, batch=1, new_tokens=64, logits="last")
     for B in (2, 5):
-        many = forward_flops(cfg, B, 64, logits="last")
+        many = forward_flops(cfg, batch=B, new_tokens=64, logits="last")
         assert {k: many[k] for k in many} == {k: B * one[k] for k in one}
-        r1 = roofline(cfg, hardware("H100"), "prefill", 1, 64)
-        rB = roofline(cfg, hardware("H100"), "prefill", B, 64)
+        r1 = roofline(cfg, Deployment(hardware("H100")), phase="prefill", batch=1, context_len=64)
+        rB = roofline(cfg, Deployment(hardware("H100")), phase="prefill", batch=B, context_len=64)
         assert rB["flops"] == pytest.approx(B * r1["flops"], rel=1e-12)
         assert r1["flops"] == pytest.approx(one["total"], rel=1e-12)
 
@@ -237,14 +250,17 @@ def test_roofline_memory_keeps_one_kv_head_per_device(nkv, tp):
     per_head = 2 * cfg.head_dim * 2 * cfg.num_hidden_layers        # K+V, bf16, all layers
     heads = max(nkv / tp, 1)
     B, ctx = 3, 40
-    assert kv_cache_bytes(cfg, B, ctx, tp_size=tp) == B * ctx * heads * per_head
+    assert kv_cache_bytes(cfg, batch=B, context_len=ctx, tp_size=tp) == B * ctx * heads * per_head
     # the roofline's memory grows by exactly those bytes per extra cached token per sequence
     hw = hardware("H100")
-    grow = (roofline(cfg, hw, "decode", B, ctx + 10, tp_size=tp)["memory_bytes"]
-            - roofline(cfg, hw, "decode", B, ctx, tp_size=tp)["memory_bytes"])
+    grow = (roofline(cfg, Deployment(hw, tp_size=tp), phase="decode", batch=B,
+                     context_len=ctx + 10)["memory_bytes"]
+            - roofline(cfg, Deployment(hw, tp_size=tp), phase="decode", batch=B,
+                       context_len=ctx)["memory_bytes"])
     assert grow == pytest.approx(B * 10 * heads * per_head, rel=1e-9)
-    assert forward_bytes(cfg, 1, ctx + 9, B, tp_size=tp) - forward_bytes(
-        cfg, 1, ctx - 1, B, tp_size=tp) == pytest.approx(B * 10 * heads * per_head, rel=1e-9)
+    step = dict(batch=B, new_tokens=1, tp_size=tp)
+    assert forward_bytes(cfg, **step, cached_tokens=ctx + 9) - forward_bytes(
+        cfg, **step, cached_tokens=ctx - 1) == pytest.approx(B * 10 * heads * per_head, rel=1e-9)
 
 
 # ---- issue C1r item 2: the attention core runs in BF16, the other matmuls in FP8 -------------
@@ -253,10 +269,12 @@ def _deepseek_step(phase):
     on EP128, prefill of one 4,989-token prompt on EP32, as the day-6 note runs them."""
     ds = reference_config("DeepSeek-V3")
     batch, ep = (88, 128) if phase == "decode" else (1, 32)
-    return ds, batch, roofline(ds, hardware("H800"), phase, batch, 4989, ep_size=ep,
-                               dtype="fp8", attention_dtype="bf16", bytes_per_param=1,
-                               kv_bytes_per_element=2,
-                               dispatch_bytes_per_element=1, combine_bytes_per_element=2)
+    return ds, batch, roofline(ds,
+                               Deployment(hardware("H800"), ep_size=ep, dtype="fp8",
+                                          attention_dtype="bf16", bytes_per_param=1,
+                                          kv_bytes_per_element=2, dispatch_bytes_per_element=1,
+                                          combine_bytes_per_element=2), phase=phase, batch=batch,
+                               context_len=4989)
 
 
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
@@ -266,8 +284,8 @@ def test_deepseek_compute_charges_attention_at_bf16_and_the_rest_at_fp8(phase):
     core's FLOPs at the H800's BF16 peak plus every other part's at its FP8 peak, summed here
     from forward_flops' parts, not from the roofline's own total."""
     ds, batch, r = _deepseek_step(phase)
-    f = forward_flops(ds, 1, 1, 4988) if phase == "decode" else \
-        forward_flops(ds, 1, 4989, 0, logits="last")
+    f = forward_flops(ds, batch=1, new_tokens=1, cached_tokens=4988) if phase == "decode" else \
+        forward_flops(ds, batch=1, new_tokens=4989, cached_tokens=0, logits="last")
     attn = batch * f["attention_scores"]
     rest = batch * sum(f[k] for k in ("attention_proj", "dense_ffn", "routed_experts",
                                       "shared_experts", "router", "lm_head"))
@@ -284,13 +302,15 @@ def test_deepseek_compute_charges_attention_at_bf16_and_the_rest_at_fp8(phase):
 
 def test_attention_dtype_none_charges_everything_at_dtype_and_is_checked():
     ds, h800 = reference_config("DeepSeek-V3"), hardware("H800")
-    r = roofline(ds, h800, "decode", 8, 1024, ep_size=64, dtype="fp8")
+    r = roofline(ds, Deployment(h800, ep_size=64, dtype="fp8"), phase="decode", batch=8,
+                 context_len=1024)
     assert r["compute_s"] == pytest.approx(r["flops"] / h800.peak_flops["fp8"], rel=1e-12)
-    same = roofline(ds, h800, "decode", 8, 1024, ep_size=64, dtype="fp8",
-                    attention_dtype="fp8")
+    same = roofline(ds, Deployment(h800, ep_size=64, dtype="fp8", attention_dtype="fp8"),
+                    phase="decode", batch=8, context_len=1024)
     assert same["compute_s"] == pytest.approx(r["compute_s"], rel=1e-12)
     with pytest.raises(ValueError, match="attention_dtype"):
-        roofline(ds, h800, "decode", 8, 1024, ep_size=64, attention_dtype="int3")
+        roofline(ds, Deployment(h800, ep_size=64, attention_dtype="int3"), phase="decode", batch=8,
+                 context_len=1024)
 
 
 def test_h800_links_cite_the_v3_report_without_a_hedge():
@@ -317,7 +337,8 @@ def test_tensor_parallel_all_reduce_bytes_by_hand(tp):
     and after the MLP); a ring all-reduce sends 2 (tp - 1) / tp of the data from each device.
     small-dense: 8 layers, H 512; decode of 3 sequences, bf16 activations (2 bytes)."""
     cfg = preset("small-dense")
-    r = roofline(cfg, hardware("H100"), "decode", 3, 100, tp_size=tp)
+    r = roofline(cfg, Deployment(hardware("H100"), tp_size=tp), phase="decode", batch=3,
+                 context_len=100)
     assert r["scale_up_bytes"] == pytest.approx(8 * 2 * (2 * (tp - 1) / tp) * 3 * 512 * 2)
 
 
@@ -330,20 +351,23 @@ def test_h800_decode_is_communication_bound_by_hand():
     ds, h800 = reference_config("DeepSeek-V3"), hardware("H800")
     kw = dict(ep_size=128, dtype="fp8", attention_dtype="bf16", bytes_per_param=1,
               kv_bytes_per_element=2, dispatch_bytes_per_element=1, combine_bytes_per_element=2)
-    r = roofline(ds, h800, "decode", 88, 4989, **kw)
+    r = roofline(ds, Deployment(h800, **kw), phase="decode", batch=88, context_len=4989)
     ib = 88 * 58 * 8 * 127 / 128 * 7168 * 3
     assert r["scale_out_bytes"] == pytest.approx(ib, rel=1e-12) and r["scale_up_bytes"] == 0
     assert r["comm_s"] == pytest.approx(ib / 50e9, rel=1e-12)
     assert round(r["comm_s"] * 1e3, 1) == 17.4 and round(r["memory_s"] * 1e3, 1) == 15.6
     assert r["bound"] == "comm" and 5000 < r["tokens_per_s"] < 5100
     # the same step over the hierarchical path would be memory-bound: the path decides it
-    hier = roofline(ds, h800, "decode", 88, 4989, a2a_path="hierarchical", **kw)
+    hier = roofline(ds, Deployment(h800, a2a_path="hierarchical", **kw), phase="decode", batch=88,
+                    context_len=4989)
     assert hier["bound"] == "memory" and hier["scale_out_bytes"] < r["scale_out_bytes"]
     # an H200 has more HBM bandwidth but the same 400 Gb/s NIC: the bound does not move
-    h200 = roofline(ds, hardware("H200"), "decode", 88, 4989, **kw)
+    h200 = roofline(ds, Deployment(hardware("H200"), **kw), phase="decode", batch=88,
+                    context_len=4989)
     assert h200["bound"] == "comm" and h200["tokens_per_s"] == pytest.approx(r["tokens_per_s"])
     with pytest.raises(ValueError, match="a2a_path"):
-        roofline(ds, h800, "decode", 88, 4989, a2a_path="ring", **kw)
+        roofline(ds, Deployment(h800, a2a_path="ring", **kw), phase="decode", batch=88,
+                 context_len=4989)
 
 
 @pytest.mark.parametrize("S, past, window", [(7, 0, None), (5, 3, None), (9, 2, 4), (6, 0, 3),
@@ -364,18 +388,54 @@ def test_causal_attention_flops_count_the_unmasked_pairs(S, past, window):
         want += int(keep.sum()) * 2 * nh * (D + D)
         W = window if cfg.layer_is_sliding(i) else None
         block += S * (past + S if W is None else min(past + S, W)) * 2 * nh * (D + D)
-    assert forward_flops(cfg, 1, S, past)["attention_scores"] == want
-    assert forward_flops(cfg, 2, S, past)["attention_scores"] == 2 * want
-    assert forward_flops(cfg, 1, S, past, causal=False)["attention_scores"] == block
+    assert forward_flops(cfg, batch=1, new_tokens=S, cached_tokens=past)["attention_scores"] == want
+    assert forward_flops(cfg, batch=2, new_tokens=S,
+                         cached_tokens=past)["attention_scores"] == 2 * want
+    assert forward_flops(cfg, batch=1, new_tokens=S, cached_tokens=past,
+                         causal=False)["attention_scores"] == block
     with pytest.raises(TypeError, match="causal"):
-        forward_flops(cfg, 1, S, past, causal="yes")
+        forward_flops(cfg, batch=1, new_tokens=S, cached_tokens=past, causal="yes")
 
 
 def test_llama_prefill_attention_share_is_about_half_the_masked_count():
     """Llama-3-8B, 2,048-token prompt: attention's share of the FLOPs is about 3.5% causal,
     6.7% counted over the full block."""
     llama = reference_config("Llama-3-8B")
-    c, m = forward_flops(llama, 1, 2048), forward_flops(llama, 1, 2048, causal=False)
+    c, m = forward_flops(llama, batch=1, new_tokens=2048), forward_flops(llama, batch=1,
+                                                                         new_tokens=2048,
+                                                                         causal=False)
     assert c["attention_scores"] * 2 * 2048 == m["attention_scores"] * 2049
     assert round(100 * c["attention_scores"] / c["total"], 1) == 3.5
     assert round(100 * m["attention_scores"] / m["total"], 1) == 6.7
+
+
+@pytest.mark.parametrize("field,value,error", [
+    ("tp_size", 0, ValueError), ("ep_size", 2.0, TypeError), ("dtype", "int3", ValueError),
+    ("attention_dtype", "fp4", ValueError), ("bytes_per_param", 0, ValueError),
+    ("kv_bytes_per_element", -1, ValueError), ("dispatch_bytes_per_element", "1", TypeError),
+    ("combine_bytes_per_element", float("nan"), ValueError),
+    ("max_nodes_per_token", 0, ValueError), ("a2a_path", "ring", ValueError)])
+def test_deployment_checks_each_knob_once_naming_it(field, value, error):
+    h800 = hardware("H800")
+    with pytest.raises(error, match=field):
+        Deployment(h800, **{field: value})
+    ok = Deployment(h800, ep_size=8, dtype="fp8", attention_dtype="bf16",
+                    dispatch_bytes_per_element=1, max_nodes_per_token=4, a2a_path="direct")
+    with pytest.raises(AttributeError):
+        ok.tp_size = 2                                      # frozen: one value per deployment
+
+
+def test_roofline_takes_a_deployment_not_the_old_arguments():
+    """The hardware spec where the deployment goes, or the step's sizes by position, is a
+    TypeError naming what is expected, not a number for another deployment."""
+    ds, h800 = reference_config("DeepSeek-V3"), hardware("H800")
+    with pytest.raises(TypeError, match="deployment must be a Deployment"):
+        roofline(ds, h800, phase="decode", batch=8, context_len=1024)
+    with pytest.raises(TypeError, match="hw must be a HardwareSpec"):
+        Deployment("H800")
+    with pytest.raises(TypeError, match="positional"):
+        roofline(ds, Deployment(h800, ep_size=64), "decode", 8, 1024)
+    # the phase picks the all-to-all path unless the deployment fixes one
+    assert Deployment(h800).a2a_path_for("decode") == "direct"
+    assert Deployment(h800).a2a_path_for("prefill") == "hierarchical"
+    assert Deployment(h800, a2a_path="direct").a2a_path_for("prefill") == "direct"

@@ -123,7 +123,8 @@ class CacheLayout:
         Raises:
             ValueError: as ``costmodel.kv_cache_bytes``.
         """
-        kv = costmodel.kv_cache_bytes(self.kv_config, batch, context_len, bytes_per_element)
+        kv = costmodel.kv_cache_bytes(self.kv_config, batch=batch, context_len=context_len,
+                                      bytes_per_element=bytes_per_element)
         state = batch * self.num_state_layers * self.state_elements_per_layer
         return int(kv + state * bytes_per_element)
 

@@ -3,8 +3,8 @@
 The two phases run the same weights (chapter 5): *prefill* feeds the whole prompt
 ``[B, S]`` at once and writes its K/V into the cache; *decode* feeds one token per sequence
 ``[B, 1]``, reads the whole cache and appends one slot. These helpers time them the way
-chapter 05 plots them; :func:`tokenflow.analysis.roofline.forward_flops` and
-:func:`~tokenflow.analysis.costmodel.forward_bytes` say what each phase computes and reads.
+chapter 05 plots them; :func:`tokenflow.analysis.forward.forward_flops` and
+:func:`~tokenflow.analysis.forward.forward_bytes` say what each phase computes and reads.
 
 Every time is the *best* of ``repeats`` calls (the least disturbed one on a shared machine),
 in seconds. Inputs are random token ids from a seeded generator: the time of a forward pass

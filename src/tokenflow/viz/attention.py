@@ -305,8 +305,9 @@ def kv_cache_scale_table(config, context: int, batch: int, num_key_value_heads: 
                          f"got {num_key_value_heads!r}")
     c = dataclasses.replace(config, num_key_value_heads=num_key_value_heads)
     w = weight_bytes_per_device(c, bytes_per_param=bytes_per_element)["total"]
-    kv = kv_cache_bytes(c, batch, context, bytes_per_element)
-    fit = max_batch_size(c, context, device_memory_bytes, bytes_per_param=bytes_per_element,
+    kv = kv_cache_bytes(c, batch=batch, context_len=context, bytes_per_element=bytes_per_element)
+    fit = max_batch_size(c, context_len=context, device_memory_bytes=device_memory_bytes,
+                         bytes_per_param=bytes_per_element,
                          kv_bytes_per_element=bytes_per_element)
     gb = device_memory_bytes / 1e9
     rows = [["weights", w / 2**30, w / device_memory_bytes],

@@ -122,7 +122,7 @@ def page_numbers(config, hw_name: str, precision: str, batch: int, context: int,
             with ``unsupported_fields``).
     """
     from tokenflow.analysis import costmodel as cm
-    from tokenflow.analysis.roofline import hardware, ridge_point, roofline
+    from tokenflow.analysis.roofline import Deployment, hardware, ridge_point, roofline
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     hw, p, c = hardware(hw_name), PRECISIONS[precision], config
@@ -130,19 +130,21 @@ def page_numbers(config, hw_name: str, precision: str, batch: int, context: int,
              sliding_layers=sum(c.layer_is_sliding(i) for i in range(c.num_hidden_layers)),
              kv_bytes_per_token=cm.kv_cache_bytes_per_token(c, p["kv_bytes_per_element"]),
              params_total=cm.param_count(c), params_active=cm.active_param_count(c))
-    w = cm.weight_bytes_per_device(c, tp, ep, p["bytes_per_param"])
+    w = cm.weight_bytes_per_device(c, tp_size=tp, ep_size=ep, bytes_per_param=p["bytes_per_param"])
     r.update(weights_tp=w["tensor_parallel"], weights_ep=w["expert_parallel"],
              weights_replicated=w["replicated"], weights=w["total"],
-             kv_cache=cm.kv_cache_bytes(c, batch, context, p["kv_bytes_per_element"], tp))
+             kv_cache=cm.kv_cache_bytes(c, batch=batch, context_len=context,
+                                       bytes_per_element=p["kv_bytes_per_element"], tp_size=tp))
     r["memory_used"] = r["weights"] + r["kv_cache"]
     r["memory_budget"] = MEMORY_FRACTION * hw.memory_bytes
     r["fits"] = r["memory_used"] <= r["memory_budget"]
-    r["max_batch"] = cm.max_batch_size(c, context, hw.memory_bytes, tp, ep,
-                                       p["bytes_per_param"], p["kv_bytes_per_element"],
-                                       MEMORY_FRACTION)
+    r["max_batch"] = cm.max_batch_size(c, context_len=context, device_memory_bytes=hw.memory_bytes,
+                                       tp_size=tp, ep_size=ep, bytes_per_param=p["bytes_per_param"],
+                                       kv_bytes_per_element=p["kv_bytes_per_element"],
+                                       memory_fraction=MEMORY_FRACTION)
     for phase in ("prefill", "decode"):
-        x = roofline(c, hw, phase, batch, context, tp_size=tp, ep_size=ep,
-                     **p)
+        x = roofline(c, Deployment(hw, tp_size=tp, ep_size=ep, **p), phase=phase, batch=batch,
+                     context_len=context)
         for k in ("compute_s", "memory_s", "comm_s", "scale_up_s", "scale_out_s", "step_s",
                   "tokens_per_s", "flops", "memory_bytes", "bound"):
             r[f"{phase}_{k}"] = x[k]

@@ -91,12 +91,18 @@ def roofline_summary(config, hw_name: str = "H800", phase: str = "decode", batch
             experts).
     """
     from tokenflow.analysis.costmodel import kv_cache_bytes, weight_bytes_per_device
-    from tokenflow.analysis.roofline import hardware, roofline
+    from tokenflow.analysis.roofline import Deployment, hardware, roofline
     hw = hardware(hw_name)
-    r = roofline(config, hw, phase, batch, context_len, 1, ep_size, dtype, bytes_per_param,
-                 kv_bytes_per_element, max_nodes_per_token, attention_dtype=attention_dtype)
-    mem = weight_bytes_per_device(config, 1, ep_size, bytes_per_param)["total"] + \
-        kv_cache_bytes(config, batch, context_len, kv_bytes_per_element)
+    r = roofline(config, Deployment(hw, ep_size=ep_size, dtype=dtype,
+                                    attention_dtype=attention_dtype,
+                                    bytes_per_param=bytes_per_param,
+                                    kv_bytes_per_element=kv_bytes_per_element,
+                                    max_nodes_per_token=max_nodes_per_token),
+                 phase=phase, batch=batch, context_len=context_len)
+    mem = weight_bytes_per_device(config, ep_size=ep_size,
+                                  bytes_per_param=bytes_per_param)["total"] + \
+        kv_cache_bytes(config, batch=batch, context_len=context_len,
+                       bytes_per_element=kv_bytes_per_element)
     return dict(r, hw=hw, memory_needed=mem, fits=mem <= hw.memory_bytes, config=config,
                 phase=phase, batch=batch, context_len=context_len, ep_size=ep_size,
                 dtype=dtype, attention_dtype=attention_dtype or dtype)

@@ -144,7 +144,9 @@ def step_bytes_table(trace, config, bytes_per_element: float = 4):
         name = d.name(node_of(e))
         rows, nbytes = per_node.get(name, (0, 0))
         per_node[name] = (rows + 1, nbytes + e.nbytes)
-    w = forward_weight_bytes(config, math.prod(lookup.in_shape), bytes_per_element)
+    *B, S = lookup.in_shape                                  # token ids [B, S]
+    w = forward_weight_bytes(config, batch=math.prod(B), new_tokens=S,
+                             bytes_per_element=bytes_per_element)
     return Table([(name, rows, nbytes, sum(w[k] for k in WEIGHT_PARTS.get(name, ())))
                   for name, (rows, nbytes) in per_node.items()],
                  ["diagram node", "rows", "bytes produced", "weight bytes read"], digits=0)
