@@ -1,6 +1,7 @@
 """Explorers and the paging figures show what they claim: each control of a chapter's
 explorer changes the output in view; a block table is the block manager's state; the KV slot
 counts of a run match a count by hand; the chunked-prefill sentence follows the numbers."""
+import itertools
 import re
 from types import SimpleNamespace
 
@@ -199,3 +200,193 @@ def test_kv_scale_explorer_counts_llama_by_hand_and_moves_with_each_control():
     ex = kv_cache_scale_static(llama, context=(1024, 8192), batch=(1, 32), kv_heads=(1, 8, 32),
                                default={"S": 8192, "B": 32, "kv_heads": 8})
     _each_control_changes_the_output(ex)
+
+
+# ---- every explorer the chapters show, each control moved through all its values
+COLUMN_PX = 784
+"""The book's content column at a 1280 px window (tokenflow.viz.style.COLUMN_WIDTH_IN at 120
+dpi; _static/tokenflow.css)."""
+
+
+class _Vocab:
+    def id_to_token(self, i):
+        return f"t{i}"
+
+
+def _chapter_explorers(live: bool) -> dict:
+    """Each chapter's explorer as the notebooks call it (their grids and starting points),
+    on a random tiny model: name -> the ``explore`` result (precomputed or live)."""
+    import torch
+
+    from tokenflow import Trace
+    from tokenflow.analysis.costmodel import reference_config
+    from tokenflow.analysis.logit_lens import logit_lens
+    from tokenflow import viz
+    model = random_model()
+    cfg = model.config
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    tokens = ["北京", "是", "中国", "的", "首"]
+    trace = Trace(keep_tensors=True)
+    with torch.no_grad():
+        model(ids, trace=trace)
+        logits = model(ids)[0, -1]
+    form = (lambda f: f) if live else (lambda f: getattr(viz, f.__name__.replace(
+        "_explorer", "_static")))
+    e = {n: form(getattr(viz, n + "_explorer")) for n in (
+        "trace_shapes", "hidden_size", "residual_stream", "attention", "kv_cache",
+        "kv_cache_scale", "moe_routing", "sampling", "serving", "logit_lens", "decode_trace",
+        "roofline")}
+    return {
+        "trace_shapes": e["trace_shapes"](cfg),
+        "hidden_size": e["hidden_size"](12288, 129280, default={"B": 16, "S": 8192}),
+        "residual_stream": e["residual_stream"](trace.hidden_states, tokens),
+        "attention": e["attention"](trace.attention_weights, tokens, tokens),
+        "kv_cache": e["kv_cache"](cfg),
+        "kv_cache_scale": e["kv_cache_scale"](reference_config("Llama-3-8B"),
+                                              default={"S": 8192, "B": 32, "kv_heads": 8}),
+        "moe_routing": e["moe_routing"](),
+        "sampling": e["sampling"](logits, _Vocab()),
+        "serving": e["serving"](model, list(range(4, 400))),
+        "logit_lens": e["logit_lens"](logit_lens(model, ids), _Vocab(), tokens,
+                                      token_ids=[5, 6]),
+        "decode_trace": e["decode_trace"](cfg),
+        "roofline": e["roofline"](reference_config("DeepSeek-V3")),
+    }
+
+
+@pytest.fixture(scope="module")
+def precomputed():
+    """:func:`_chapter_explorers` precomputed, each output the test shows rendered as the book
+    renders it: the starting point and every setting one control away from it (the others
+    of the grid, which no test here shows, are left empty to save their rendering)."""
+    import tokenflow.viz.static as st
+
+    def star_only(fn, controls, *, title=None, kind="auto", default=None, live_below=False):
+        index = st._check_controls(controls, default)
+        names = list(controls)
+        fragments = {}
+        for idx in itertools.product(*(range(len(controls[n])) for n in names)):
+            moved = sum(i != index[n] for n, i in zip(names, idx))
+            combo = {n: controls[n][i] for n, i in zip(names, idx)}
+            fragments["-".join(map(str, idx))] = (st._render_call(fn, combo, kind)
+                                                  if moved <= 1 else "")
+        return st.PrecomputedExplorer(controls, fragments, index, title, live_below)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(st, "precomputed_explorer", star_only)
+        return _chapter_explorers(live=False)
+
+
+# For one control of one explorer: move it to value i, bring the explorer to the top of the
+# window and return the part of the shown output that is inside the 1280 x 900 window.
+_MOVE_JS = """([n, c, i]) => {
+  const x = document.querySelectorAll('.tf-explorer')[n];
+  const ctl = x.querySelectorAll('[data-tf-ctl]')[c];
+  ctl.value = String(i);
+  ctl.dispatchEvent(new Event('input', {bubbles: true}));
+  x.scrollIntoView();
+  const shown = [...x.querySelectorAll('.tf-out')].filter(o => o.style.display !== 'none');
+  if (shown.length !== 1) return null;
+  const r = shown[0].getBoundingClientRect();
+  const x0 = Math.max(r.left, 0), y0 = Math.max(r.top, 0);
+  const x1 = Math.min(r.right, innerWidth), y1 = Math.min(r.bottom, innerHeight);
+  return x1 > x0 && y1 > y0 ? {x: x0, y: y0, width: x1 - x0, height: y1 - y0} : null;
+}"""
+
+
+def test_each_control_changes_what_is_in_view_in_chromium(browser, precomputed):
+    """The precomputed explorers (what the book shows) in a column as wide as the book's at a
+    1280 x 900 window, with the book's CSS: each control of each explorer, moved through all
+    its values with the others at their starting point, shows a different picture each time
+    in the part of the output that is in the window (a change in a column scrolled out of the
+    box, or below the window, does not count)."""
+    import hashlib
+    from pathlib import Path
+    css = (Path(__file__).resolve().parents[1] / "_static" / "tokenflow.css").read_text()
+    names = list(precomputed)
+    body = "".join(f'<section style="width:{COLUMN_PX}px;margin:0 0 1000px 200px">'
+                   f"{precomputed[n]._repr_html_()}</section>" for n in names)
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = ctx.new_page()
+    try:
+        page.set_content(f"<!doctype html><meta charset=utf-8><style>{css}</style>"
+                         f"<body>{body}</body>", wait_until="load")
+        problems = []
+        for n, name in enumerate(names):
+            ex = precomputed[name]
+            for c, (ctl, values) in enumerate(ex.controls.items()):
+                views = {}
+                for i, v in enumerate(values):
+                    clip = page.evaluate(_MOVE_JS, [n, c, i])
+                    if clip is None:
+                        problems.append(f"{name}: {ctl}={v!r} shows no output in view")
+                        continue
+                    shot = hashlib.sha1(page.screenshot(clip=clip)).hexdigest()
+                    views.setdefault(shot, []).append(v)
+                same = [vs for vs in views.values() if len(vs) > 1]
+                if same:
+                    problems.append(f"{name}: {ctl} = {same} look the same in view")
+                # back to the starting value before the next control moves
+                page.evaluate(_MOVE_JS, [n, c, ex.default[ctl]])
+    finally:
+        ctx.close()
+    assert not problems, "\n".join(problems)
+
+
+def test_each_control_changes_the_live_widgets_output(monkeypatch):
+    """The live explorers (``ipywidgets``, for a running kernel): each control, moved through
+    all its values with the others at their starting point, makes the widget show a
+    different output each time (what it displays and prints)."""
+    import contextlib
+    import hashlib
+    import io
+
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    from tokenflow.viz.static import _render
+    shown = []
+
+    def display(obj, *a, **k):                  # a figure as its pixels, anything else as HTML
+        if isinstance(obj, Figure):
+            obj.set_dpi(50)
+            obj.canvas.draw()
+            shown.append(hashlib.sha1(bytes(obj.canvas.buffer_rgba())).hexdigest())
+            plt.close(obj)
+        else:
+            shown.append(_render(obj, "auto"))
+    monkeypatch.setattr("IPython.display.display", display)
+    problems = []
+    for name, w in _chapter_explorers(live=True).items():
+        for ctl in w.children[:-1]:                         # the last child is the Output
+            views = {}
+            start = ctl.value
+            for v in ctl.options:
+                shown.clear()
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out):
+                    if ctl.value == v:
+                        w.update()                          # no change event: draw again
+                    else:
+                        ctl.value = v
+                text = out.getvalue().replace("\x1b[2K\r", "") + "".join(shown)
+                if not text.strip():
+                    problems.append(f"{name}: {ctl.description}={v!r} shows nothing")
+                key = hashlib.sha1(re.sub(r"\s+", " ", text).encode()).hexdigest()
+                views.setdefault(key, []).append(v)
+            same = [vs for vs in views.values() if len(vs) > 1]
+            if same:
+                problems.append(f"{name}: {ctl.description} = {same} show the same output")
+            ctl.value = start
+    assert not problems, "\n".join(problems)
+
+
+def test_an_explorer_starts_where_the_chapter_does_or_at_the_grids_first_value():
+    """The roofline explorer starts at H800, batch 64, EP32 when its grid has them; a grid
+    without some of them starts those controls at their first value instead of failing."""
+    from tokenflow.analysis.costmodel import reference_config
+    from tokenflow.viz import roofline_static
+    ds = reference_config("DeepSeek-V3")
+    ex = roofline_static(ds, hw_names=("H200", "H800"), batch=(8, 64), ep_size=(32,))
+    assert ex.default == {"hardware": 1, "batch": 1, "EP": 0}
+    ex = roofline_static(ds, hw_names=("H200",), batch=(1, 8), ep_size=(8, 256))
+    assert ex.default == {"hardware": 0, "batch": 0, "EP": 0}

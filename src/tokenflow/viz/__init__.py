@@ -16,7 +16,8 @@ is split by topic, one module per chapter theme:
 ``attention``      chapter 02: attention weights, KV cache growth and size
 ``moe``            chapter 03: routing, dispatch / combine, expert load, all-to-all
 ``sampling``       chapter 04: vocabulary scores, temperature, top-k / top-p
-``serving``        chapter 05: phases, batching, the engine timeline, steps and runs as tables
+``serving``        chapter 05: phases, batching, the engine timeline, the serving explorer
+``serving_tables`` chapter 05: workloads, steps, timelines and runs as tables
 ``paging``         chapter 05: block tables, KV slots paged vs reserved contiguously
 ``packing``        chapter 05: one step and whole runs padded vs packed, preemptions
 ``peer``           chapter 05: our engine next to vLLM on the same requests (stored run)
@@ -41,25 +42,26 @@ from .diagram import (DIAGRAM_PATH, TRACE_NODE, Edge, Diagram, parse_mermaid, lo
                       token_flow_diagram, node_of, diagram_trace_table, trace_decode_step,
                       COLOUR_NAMES, arrow_actions_table)
 from .hidden import (topk_bar, hidden_state_heatmap, residual_stream_plot, shape_flow,
-                     shape_controls, tensor_table, hidden_state_sizes, size_table,
+                     tensor_table, hidden_state_sizes, size_table,
                      hidden_size_explorer, residual_stream_summary, residual_stream_explorer,
                      hidden_size_static, residual_stream_table, residual_stream_static)
 from .attention import (attention_context_plot, attention_head_heatmap, kv_cache_growth_plot,
                         cache_per_sequence_plot, kv_cache_summary, kv_cache_explorer,
                         attention_explorer, attention_static, kv_cache_static, kv_per_token_view,
-                        kv_cache_scale_table, kv_cache_scale_static)
+                        kv_cache_scale_table, kv_cache_scale_static,
+                        kv_cache_scale_explorer)
 from .moe import (moe_flow_diagram, routing_heatmap, dispatch_combine_diagram, expert_load_bar,
                   traffic_heatmap, routing_load_plot, moe_comm_bars, moe_routing_summary,
                   moe_routing_explorer, prob_text, moe_routing_static)
 from .sampling import (vocab_scores, temperature_curves, sampling_bars, frequency_bars,
-                       sampling_panel, sampling_controls, sampling_explorer, sampling_static)
+                       sampling_panel, sampling_explorer, sampling_static)
 from .serving import (phase_times_plot, decode_batch_plot, arithmetic_intensity_plot,
                       serving_timeline, batch_composition_plot, batching_comparison_plot,
                       serving_counts, serving_panel, serving_view, SERVING_CONTROLS,
-                      serving_explorer, timeline_table, chunked_prefill_time_plot,
-                      chunked_prefill_sentence,
-                      timeline_view, serving_summary_table, serving_static, workload_summary,
-                      step_table, batching_table, batching_times_table)
+                      serving_explorer, serving_static, chunked_prefill_time_plot,
+                      chunked_prefill_sentence)
+from .serving_tables import (timeline_table, timeline_view, serving_summary_table,
+                             workload_summary, step_table, batching_table, batching_times_table)
 from .paging import (block_table_rows, block_table_figure, block_table_sentence,
                      kv_slot_usage, kv_slot_figure, kv_slot_table, kv_slot_sentence)
 from .packing import (step_layout, packed_step_figure, mark_preemptions, packing_table,
@@ -71,7 +73,8 @@ from .lens import (logit_lens_heatmap, logit_lens_topk, logit_lens_explorer, log
 from .trace_tables import (decode_trace_summary, decode_trace_explorer, trace_table,
                            TRACE_SHAPES_WHERE, trace_shapes_table, trace_shapes_static,
                            trace_shapes_view, trace_shapes_explorer,
-                           decode_trace_static, WEIGHT_PARTS, step_bytes_table)
+                           decode_trace_static, router_sentence, WEIGHT_PARTS,
+                           step_bytes_table)
 from .roofline import (lens_bars, roofline_summary, roofline_bars, roofline_panel,
                        roofline_explorer, roofline_table, roofline_static)
 from .recap import line_figure

@@ -5,7 +5,6 @@ Part of :mod:`tokenflow.viz`, the only package that draws; nothing below it impo
 """
 from __future__ import annotations
 
-import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
 from .style import column_figsize, MIN_FONT_PT, series_style, text_on
@@ -16,7 +15,8 @@ from .hidden import _as_2d
 __all__ = ["attention_context_plot", "attention_head_heatmap", "kv_cache_growth_plot",
            "cache_per_sequence_plot", "kv_cache_summary", "kv_cache_explorer",
            "attention_explorer", "attention_static", "kv_cache_static", "kv_per_token_view",
-           "kv_cache_scale_table", "kv_cache_scale_static"]
+           "kv_cache_scale_table", "kv_cache_scale_static",
+           "kv_cache_scale_explorer"]
 
 
 def attention_context_plot(attention_weights: dict, tokens: list[str], query_index: int = -1,
@@ -208,51 +208,34 @@ def kv_cache_summary(config, batch_size: int, seq_len: int, num_key_value_heads:
         f"  full MHA would need {mha['nbytes']:,} B: {mha['nbytes'] // r['nbytes']}x more"])
 
 
-def kv_cache_explorer(config, batch_size: int = 1, seq_len=(1, 128, 1, 64),
-                      dtype_name: str = "bf16"):
-    """Sequence-length slider and K/V-head selector (the divisors of the query-head count)
-    that print :func:`kv_cache_summary`. ``seq_len`` is ``(min, max, step, value)``; ``max``
-    is capped at ``config.max_position_embeddings``. Returns an ``ipywidgets.interactive``."""
+def kv_cache_explorer(config, seq_len=(1, 16, 64, 128), batch_size: int = 1,
+                      dtype_name: str = "bf16", live: bool = True):
+    """:func:`kv_cache_summary` for one sequence length ``S`` of ``seq_len`` and one K/V-head
+    count (every divisor of the query heads: MQA ... MHA), starting at the longest ``S`` and
+    the config's own K/V heads (:func:`tokenflow.viz.explore`: ``ipywidgets`` with
+    ``live=True``, else precomputed)."""
+    from .static import explore
     divisors = [d for d in range(1, config.num_attention_heads + 1)
                 if config.num_attention_heads % d == 0]
-    hi = min(seq_len[1], config.max_position_embeddings)
+    return explore(
+        lambda S, kv_heads: kv_cache_summary(config, batch_size, S, kv_heads, dtype_name),
+        {"S": list(seq_len), "kv_heads": divisors},
+        default={"S": seq_len[-1], "kv_heads": config.num_key_value_heads}, live=live,
+        title=f"{config.name}: KV cache for sequence length S and K/V heads ({dtype_name})",
+        live_below=True)
 
-    def show(seq_len, num_key_value_heads):
-        print(kv_cache_summary(config, batch_size, seq_len, num_key_value_heads, dtype_name))
-    return widgets.interactive(
-        show,
-        seq_len=widgets.IntSlider(value=min(seq_len[3], hi), min=seq_len[0], max=hi,
-                                  step=seq_len[2], description="seq len S",
-                                  continuous_update=False),
-        num_key_value_heads=widgets.Dropdown(options=divisors,
-                                             value=config.num_key_value_heads,
-                                             description="KV heads"))
+
+def kv_cache_static(*args, **kw):
+    """:func:`kv_cache_explorer` precomputed (``live=False``): works without a kernel."""
+    return kv_cache_explorer(*args, live=False, **kw)
 
 
 def attention_explorer(attention_weights: dict, q_labels: list[str], k_labels: list[str],
-                       batch_index: int = 0):
-    """Layer and head selectors over ``{layer: [B, n_heads, S_q, S_k]}`` weights, drawing
-    :func:`tokenflow.viz.attention_head_heatmap`. Returns an ``ipywidgets.interactive``."""
-    import matplotlib.pyplot as plt
-    layers = sorted(attention_weights)
-    nh = attention_weights[layers[0]].shape[1]
-
-    def show(layer, head):
-        attention_head_heatmap(attention_weights[layer][batch_index, head], q_labels, k_labels,
-                               title=f"layer {layer}, head {head}")
-        plt.show()
-    return widgets.interactive(
-        show,
-        layer=widgets.Dropdown(options=layers, value=layers[0], description="layer"),
-        head=widgets.IntSlider(value=0, min=0, max=nh - 1, description="head",
-                               continuous_update=False))
-
-
-def attention_static(attention_weights: dict, q_labels: list[str], k_labels: list[str],
-                     batch_index: int = 0, default: dict | None = None):
-    """Kernel-less explorer of :func:`tokenflow.viz.attention_head_heatmap` over every
-    layer and head of ``{layer: [B, n_heads, S_q, S_k]}`` weights (``default``: the
-    ``layer`` / ``head`` shown first). Figures are inline SVG (half the bytes of PNG here)."""
+                       batch_index: int = 0, default: dict | None = None, live: bool = True):
+    """:func:`tokenflow.viz.attention_head_heatmap` of one layer and head of
+    ``{layer: [B, n_heads, S_q, S_k]}`` weights behind a layer and a head control
+    (:func:`tokenflow.viz.explore`; ``default``: the ``layer`` / ``head`` shown first; the
+    precomputed figures are inline SVG, half the bytes of PNG here)."""
     from .static import explore
     layers = sorted(attention_weights)
     nh = attention_weights[layers[0]].shape[1]
@@ -260,22 +243,13 @@ def attention_static(attention_weights: dict, q_labels: list[str], k_labels: lis
         lambda layer, head: attention_head_heatmap(attention_weights[layer][batch_index, head],
                                                    q_labels, k_labels,
                                                    title=f"layer {layer}, head {head}"),
-        {"layer": layers, "head": list(range(nh))}, default=default, kind="svg", live_below=True)
-
-
-def kv_cache_static(config, seq_len=(1, 16, 64, 128), batch_size: int = 1,
-                    dtype_name: str = "bf16"):
-    """Kernel-less explorer of :func:`kv_cache_summary` over sequence lengths and every
-    K/V-head count that divides the query heads (MQA ... MHA)."""
-    from .static import explore
-    divisors = [d for d in range(1, config.num_attention_heads + 1)
-                if config.num_attention_heads % d == 0]
-    return explore(
-        lambda S, kv_heads: kv_cache_summary(config, batch_size, S, kv_heads, dtype_name),
-        {"S": list(seq_len), "kv_heads": divisors},
-        default={"S": seq_len[-1], "kv_heads": config.num_key_value_heads},
-        title=f"{config.name}: KV cache for sequence length S and K/V heads ({dtype_name})",
+        {"layer": layers, "head": list(range(nh))}, default=default, kind="svg", live=live,
         live_below=True)
+
+
+def attention_static(*args, **kw):
+    """:func:`attention_explorer` precomputed (``live=False``): works without a kernel."""
+    return attention_explorer(*args, live=False, **kw)
 
 
 def kv_cache_scale_table(config, context: int, batch: int, num_key_value_heads: int,
@@ -319,14 +293,20 @@ def kv_cache_scale_table(config, context: int, batch: int, num_key_value_heads: 
                        f"{fit} sequences of {context:,} tokens fit one {gb:g} GB device")
 
 
-def kv_cache_scale_static(config, context=(1024, 2048, 4096, 8192), batch=(1, 8, 32, 128),
-                          kv_heads=(1, 8, 32), default: dict | None = None):
-    """Kernel-less explorer of :func:`kv_cache_scale_table` over the context, the batch and
-    the K/V-head count (:func:`tokenflow.viz.explore`; at most 48 combinations)."""
+def kv_cache_scale_explorer(config, context=(1024, 2048, 4096, 8192), batch=(1, 8, 32, 128),
+                            kv_heads=(1, 8, 32), default: dict | None = None,
+                            live: bool = True):
+    """:func:`kv_cache_scale_table` for one context ``S``, batch ``B`` and K/V-head count of
+    the given values (:func:`tokenflow.viz.explore`; precomputed: at most 48 combinations)."""
     from .static import explore
     return explore(lambda S, B, kv_heads: kv_cache_scale_table(config, S, B, kv_heads),
                    {"S": list(context), "B": list(batch), "kv_heads": list(kv_heads)},
-                   default=default, title=f"{config.name} at serving scale (bf16)")
+                   default=default, live=live, title=f"{config.name} at serving scale (bf16)")
+
+
+def kv_cache_scale_static(*args, **kw):
+    """:func:`kv_cache_scale_explorer` precomputed (``live=False``): works without a kernel."""
+    return kv_cache_scale_explorer(*args, live=False, **kw)
 
 
 def kv_per_token_view(layouts: list, contexts: list, bytes_per_element: float = 2):

@@ -5,7 +5,6 @@ Part of :mod:`tokenflow.viz`, the only package that draws; nothing below it impo
 """
 from __future__ import annotations
 
-import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from .style import COLUMN_WIDTH_IN, column_figsize, MIN_FONT_PT, text_on
 from matplotlib.patches import FancyBboxPatch
@@ -13,7 +12,7 @@ from matplotlib.patches import FancyBboxPatch
 from tokenflow.analysis.trace import COLORS
 
 __all__ = ["topk_bar", "hidden_state_heatmap", "residual_stream_plot", "shape_flow",
-           "shape_controls", "tensor_table", "hidden_state_sizes", "size_table",
+           "tensor_table", "hidden_state_sizes", "size_table",
            "hidden_size_explorer", "residual_stream_summary", "residual_stream_explorer",
            "hidden_size_static", "residual_stream_table", "residual_stream_static"]
 
@@ -194,20 +193,6 @@ def shape_flow(steps: list[tuple[str, str]], title: str = "", per_row: int = 4):
     return fig
 
 
-def shape_controls(batch=(1, 8, 1, 2), seq_len=(1, 64, 1, 5), experts=(2, 32, 2, 8)):
-    """Sliders for batch size ``B``, sequence length ``S`` and expert count ``E``.
-
-    Each argument is ``(min, max, step, value)``. Returns a dict of ``IntSlider`` named
-    ``batch_size``, ``seq_len``, ``num_experts``.
-    """
-    def s(desc, spec):
-        lo, hi, step, val = spec
-        return widgets.IntSlider(value=val, min=lo, max=hi, step=step, description=desc,
-                                 continuous_update=False)
-    return {"batch_size": s("batch B", batch), "seq_len": s("seq len S", seq_len),
-            "num_experts": s("experts E", experts)}
-
-
 # --------------------------------------------------------------------- chapters 01-02 (F2)
 def tensor_table(t, row_labels: list[str], col_labels: list[str] | None = None,
                  max_cols: int = 8, decimals: int = 4):
@@ -296,20 +281,21 @@ def size_table(rows: list[dict]):
                  align="<<>>>>")
 
 
-def hidden_size_explorer(hidden_size: int, vocab_size: int, batch=(1, 16, 1, 8),
-                         seq_len=(1, 8192, 1, 4096)):
-    """Sliders for ``B`` and ``S`` that print :func:`size_table` of
-    :func:`hidden_state_sizes` for the given ``H`` and ``V``. ``batch``/``seq_len`` are
-    ``(min, max, step, value)``. Returns an ``ipywidgets.interactive``."""
-    def show(batch_size, seq_len):
-        print(size_table(hidden_state_sizes(batch_size, seq_len, hidden_size, vocab_size)))
-    return widgets.interactive(
-        show,
-        batch_size=widgets.IntSlider(value=batch[3], min=batch[0], max=batch[1], step=batch[2],
-                                     description="batch B", continuous_update=False),
-        seq_len=widgets.IntSlider(value=seq_len[3], min=seq_len[0], max=seq_len[1],
-                                  step=seq_len[2], description="seq len S",
-                                  continuous_update=False))
+def hidden_size_explorer(hidden_size: int, vocab_size: int, batch=(1, 4, 8, 16),
+                         seq_len=(1, 512, 4096, 8192), default=None, live: bool = True):
+    """:func:`size_table` of :func:`hidden_state_sizes` for one ``B`` and ``S`` of the given
+    values, at fixed ``H`` and ``V``, behind a control per letter (:func:`tokenflow.viz.explore`:
+    ``ipywidgets`` with ``live=True``, else precomputed; ``default``: the values shown first)."""
+    from .static import explore
+    return explore(
+        lambda B, S: size_table(hidden_state_sizes(B, S, hidden_size, vocab_size)),
+        {"B": list(batch), "S": list(seq_len)}, default=default, live=live,
+        title=f"tensor sizes for H = {hidden_size:,}, V = {vocab_size:,}", live_below=True)
+
+
+def hidden_size_static(*args, **kw):
+    """:func:`hidden_size_explorer` precomputed (``live=False``): works without a kernel."""
+    return hidden_size_explorer(*args, live=False, **kw)
 
 
 def residual_stream_summary(hidden_states, token_index: int, tokens: list[str],
@@ -344,37 +330,6 @@ def residual_stream_summary(hidden_states, token_index: int, tokens: list[str],
     return "\n".join(lines)
 
 
-def residual_stream_explorer(hidden_states, tokens: list[str], token_index: int = -1):
-    """A layer slider and a token selector: shows :func:`residual_stream_summary` and
-    :func:`tokenflow.viz.residual_stream_plot` for the chosen depth. Returns an
-    ``ipywidgets.interactive``."""
-    import matplotlib.pyplot as plt
-    n = len(hidden_states)
-
-    def show(token, layer):
-        print(residual_stream_summary(hidden_states, token, tokens, layer))
-        residual_stream_plot(hidden_states, token, tokens, layer)
-        plt.show()
-    options = [(f"{i} {t}", i) for i, t in enumerate(tokens)]
-    return widgets.interactive(
-        show,
-        token=widgets.Dropdown(options=options, value=options[token_index][1],
-                               description="token"),
-        layer=widgets.IntSlider(value=n - 1, min=0, max=n - 1, description="depth",
-                                continuous_update=False))
-
-
-def hidden_size_static(hidden_size: int, vocab_size: int, batch=(1, 4, 8, 16),
-                       seq_len=(1, 512, 4096, 8192), default=None):
-    """Kernel-less explorer of :func:`size_table` of :func:`hidden_state_sizes` over the
-    given ``B`` and ``S`` values, for fixed ``H`` and ``V``."""
-    from .static import explore
-    return explore(
-        lambda B, S: size_table(hidden_state_sizes(B, S, hidden_size, vocab_size)),
-        {"B": list(batch), "S": list(seq_len)}, default=default,
-        title=f"tensor sizes for H = {hidden_size:,}, V = {vocab_size:,}", live_below=True)
-
-
 def residual_stream_table(hidden_states, token_index: int, tokens: list[str],
                           n_features: int = 4):
     """One token's hidden state at every depth as a :class:`tokenflow.viz.Table`: its first
@@ -402,12 +357,19 @@ def residual_stream_table(hidden_states, token_index: int, tokens: list[str],
                        f"{hidden_states[0].shape[-1]}], first {n_features} features")
 
 
-def residual_stream_static(hidden_states, tokens: list[str], token_index: int = -1):
-    """Kernel-less explorer of :func:`tokenflow.viz.residual_stream_plot` with a token
-    selector: one figure per token (every depth is a row of each figure), starting at
-    ``token_index``. Figures are inline SVG."""
+def residual_stream_explorer(hidden_states, tokens: list[str], token_index: int = -1,
+                             live: bool = True):
+    """:func:`tokenflow.viz.residual_stream_plot` of one token (every depth is a row of the
+    figure) behind a token selector, starting at ``token_index``
+    (:func:`tokenflow.viz.explore`; the precomputed figures are inline SVG)."""
     from .static import explore
     options = [f"{i} {t}" for i, t in enumerate(tokens)]
     return explore(
         lambda token: residual_stream_plot(hidden_states, options.index(token), tokens),
-        {"token": options}, default={"token": options[token_index]}, kind="svg", live_below=True)
+        {"token": options}, default={"token": options[token_index]}, kind="svg",
+        live=live, live_below=True)
+
+
+def residual_stream_static(*args, **kw):
+    """:func:`residual_stream_explorer` precomputed (``live=False``): works without a kernel."""
+    return residual_stream_explorer(*args, live=False, **kw)

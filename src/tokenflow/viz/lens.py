@@ -5,7 +5,6 @@ Part of :mod:`tokenflow.viz`, the only package that draws; nothing below it impo
 """
 from __future__ import annotations
 
-import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
 from .style import column_figsize, MIN_FONT_PT, text_on
@@ -108,25 +107,11 @@ def logit_lens_topk(lens, tokenizer, depth: int, position: int, token_ids=(), k:
     return "\n".join(lines)
 
 
-def logit_lens_explorer(lens, tokenizer, tokens: list[str], token_ids=()):
-    """Sliders for the depth and a dropdown for the position: prints
-    :func:`logit_lens_topk`. Returns an ``ipywidgets.interactive``."""
-    n_depth = lens.shape[0]
-
-    def show(depth, position):
-        print(logit_lens_topk(lens, tokenizer, depth, position, token_ids))
-    options = [(f"{i} {t}", i) for i, t in enumerate(tokens)]
-    return widgets.interactive(
-        show,
-        depth=widgets.IntSlider(value=n_depth - 1, min=0, max=n_depth - 1, description="depth",
-                                continuous_update=False),
-        position=widgets.Dropdown(options=options, value=len(tokens) - 1, description="position"))
-
-
-def logit_lens_static(lens, tokenizer, tokens: list[str], token_ids=(), k: int = 5):
-    """:func:`logit_lens_explorer` without a kernel: :func:`logit_lens_topk` for every depth
-    and position of ``lens [L+1, B, S, V]`` (batch row 0). Shows the last depth and position
-    first."""
+def logit_lens_explorer(lens, tokenizer, tokens: list[str], token_ids=(), k: int = 5,
+                        live: bool = True):
+    """:func:`logit_lens_topk` of ``lens [L+1, B, S, V]`` (batch row 0) at one depth and
+    position, behind a depth and a position control, starting at the last of each
+    (:func:`tokenflow.viz.explore`)."""
     from .static import explore
     n_depth = lens.shape[0]
     names = [f"{i} {t}" for i, t in enumerate(tokens)]
@@ -134,10 +119,14 @@ def logit_lens_static(lens, tokenizer, tokens: list[str], token_ids=(), k: int =
     def show(**kw):
         return logit_lens_topk(lens, tokenizer, kw["depth"], names.index(kw["position"]),
                                token_ids, k=k)
-    return explore(show, {"depth": list(range(n_depth)), "position": names},
-                                title="logit lens: top tokens at one depth and position",
-                                default={"depth": n_depth - 1, "position": names[-1]},
-                                live_below=True)
+    return explore(show, {"depth": list(range(n_depth)), "position": names}, live=live,
+                   title="logit lens: top tokens at one depth and position",
+                   default={"depth": n_depth - 1, "position": names[-1]}, live_below=True)
+
+
+def logit_lens_static(*args, **kw):
+    """:func:`logit_lens_explorer` precomputed (``live=False``): works without a kernel."""
+    return logit_lens_explorer(*args, live=False, **kw)
 
 
 def logit_lens_by_depth(lens, tokenizer, token_ids, position: int = -1, batch: int = 0,

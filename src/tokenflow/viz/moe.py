@@ -5,7 +5,6 @@ Part of :mod:`tokenflow.viz`, the only package that draws; nothing below it impo
 """
 from __future__ import annotations
 
-import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from .style import column_figsize, MIN_FONT_PT, text_on
 from matplotlib.patches import FancyBboxPatch
@@ -318,40 +317,6 @@ def moe_routing_summary(num_experts: int, top_k: int, batch_size: int, seq_len: 
         f"  (uniform-routing formula: {int(r['uniform_bytes']):,} B each way)"])
 
 
-def moe_routing_explorer(hidden_size: int = 7168, bytes_per_element: float = 2,
-                         capacity_factor: float = 1.25):
-    """Sliders for experts ``E``, top-k ``K``, batch ``B``, sequence length ``S`` and EP size
-    ``W``; prints :func:`moe_routing_summary` and draws
-    :func:`tokenflow.viz.routing_load_plot` (load per expert, rank-to-rank traffic).
-    Returns an ``ipywidgets.interactive``."""
-    import matplotlib.pyplot as plt
-
-    from tokenflow.parallel.expert_parallel import simulate_routing
-
-    def show(num_experts, top_k, batch_size, seq_len, world_size):
-        print(moe_routing_summary(num_experts, top_k, batch_size, seq_len, world_size,
-                                  hidden_size, bytes_per_element, capacity_factor))
-        try:
-            r = simulate_routing(num_experts, top_k, batch_size, seq_len, world_size=world_size,
-                                 hidden_size=hidden_size, bytes_per_element=bytes_per_element,
-                                 capacity_factor=capacity_factor)
-        except ValueError:
-            return
-        routing_load_plot(r)
-        plt.show()
-    return widgets.interactive(
-        show,
-        num_experts=widgets.SelectionSlider(options=[4, 8, 16, 32, 64, 128, 256], value=8,
-                                            description="experts E", continuous_update=False),
-        top_k=widgets.IntSlider(value=2, min=1, max=8, description="top-k K",
-                                continuous_update=False),
-        batch_size=widgets.IntSlider(value=4, min=1, max=32, description="batch B",
-                                     continuous_update=False),
-        seq_len=widgets.IntSlider(value=64, min=1, max=512, description="seq len S",
-                                  continuous_update=False),
-        world_size=widgets.Dropdown(options=[1, 2, 4], value=4, description="EP ranks W"))
-
-
 def prob_text(p: float) -> str:
     """A probability with the digits that matter: 4 decimals from 0.001 up (``0.4892``),
     scientific below (``3.8e-05``), ``0`` for exactly zero.
@@ -365,13 +330,16 @@ def prob_text(p: float) -> str:
     return "0" if p == 0 else f"{p:.4f}" if p >= 1e-3 else f"{p:.1e}"
 
 
-def moe_routing_static(num_experts=(8, 64, 256), top_k=(2, 6, 8), world_size=(2, 8),
-                       batch_size: int = 4, seq_len: int = 64, hidden_size: int = 7168,
-                       bytes_per_element: float = 2, capacity_factor: float = 1.25):
-    """:func:`moe_routing_explorer` without a kernel: :func:`tokenflow.viz.routing_load_plot`
-    of :func:`tokenflow.parallel.expert_parallel.simulate_routing` for every ``(E, K, W)`` of the
-    grid (``B x S`` random tokens), titled with the tokens dropped at ``capacity_factor`` and
-    the all-to-all bytes at ``hidden_size`` / ``bytes_per_element``.
+def moe_routing_explorer(num_experts=(8, 64, 256), top_k=(2, 6, 8), world_size=(2, 8),
+                         batch_size: int = 4, seq_len: int = 64, hidden_size: int = 7168,
+                         bytes_per_element: float = 2, capacity_factor: float = 1.25,
+                         default: dict | None = None, live: bool = True):
+    """:func:`tokenflow.viz.routing_load_plot` of
+    :func:`tokenflow.parallel.expert_parallel.simulate_routing` for one experts ``E``, top-k
+    ``K`` (up to DeepSeek-V3's 8) and EP size ``W`` of the given values (``B x S`` random
+    tokens), titled with the pairs dropped at ``capacity_factor`` and the all-to-all bytes at
+    ``hidden_size`` / ``bytes_per_element`` (:func:`tokenflow.viz.explore`; ``default``
+    starts at E=64, K=6, W=8 where the grid has them).
 
     Raises:
         ValueError: as :func:`tokenflow.viz.precomputed_explorer` (grid too large), or
@@ -380,7 +348,7 @@ def moe_routing_static(num_experts=(8, 64, 256), top_k=(2, 6, 8), world_size=(2,
     from tokenflow.parallel.expert_parallel import simulate_routing
 
     from .fmt import format_bytes
-    from .static import explore
+    from .static import explore, default_in
 
     def show(**kw):
         E, K, W = kw["experts E"], kw["top-k K"], kw["EP ranks W"]
@@ -390,9 +358,16 @@ def moe_routing_static(num_experts=(8, 64, 256), top_k=(2, 6, 8), world_size=(2,
         return routing_load_plot(r, title=(
             f"E={E}, K={K}, {r['tokens']} tokens on W={W}: {r['dropped']} pairs over capacity, "
             f"{format_bytes(r['dispatch_bytes'])} dispatched"))
+    controls = {"experts E": list(num_experts), "top-k K": list(top_k),
+                "EP ranks W": list(world_size)}
     return explore(
-        show, {"experts E": list(num_experts), "top-k K": list(top_k),
-               "EP ranks W": list(world_size)},
+        show, controls, live=live,
         title=f"B x S = {batch_size} x {seq_len} random tokens, H = {hidden_size}, "
               f"{bytes_per_element} B/element",
-        default={"experts E": 64, "top-k K": 6, "EP ranks W": 8}, live_below=True)
+        default=default or default_in(controls, {"experts E": 64, "top-k K": 6, "EP ranks W": 8}),
+        live_below=True)
+
+
+def moe_routing_static(*args, **kw):
+    """:func:`moe_routing_explorer` precomputed (``live=False``): works without a kernel."""
+    return moe_routing_explorer(*args, live=False, **kw)

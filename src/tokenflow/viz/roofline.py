@@ -5,7 +5,6 @@ Part of :mod:`tokenflow.viz`, the only package that draws; nothing below it impo
 """
 from __future__ import annotations
 
-import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
 from .style import column_figsize, MIN_FONT_PT, text_on
@@ -154,41 +153,6 @@ def roofline_panel(config, hw_name: str = "H800", phase: str = "decode", batch: 
     return roofline_bars(r)
 
 
-def roofline_explorer(config, **defaults):
-    """Controls for :func:`tokenflow.viz.roofline_panel`: batch per device, context
-    length, expert-parallel size (the divisors of ``config.num_experts`` that are powers of
-    two), hardware preset and phase. ``defaults`` override the starting values (``batch``,
-    ``context_len``, ``ep_size``, ``hw_name``, ``phase``). Settings the cost model refuses
-    print the error instead. Returns an ``ipywidgets.interactive``."""
-    from tokenflow.analysis.roofline import HARDWARE
-    start = dict(batch=64, context_len=4096, ep_size=32, hw_name="H800", phase="decode")
-    start.update(defaults)
-
-    def show(batch, context_len, ep_size, hw_name, phase):
-        import matplotlib.pyplot as plt
-        try:
-            roofline_panel(config, hw_name, phase, batch, context_len, ep_size)
-        except ValueError as e:
-            print(e)
-            return
-        plt.show()
-
-    eps = [e for e in (2 ** i for i in range(11)) if not config.num_experts % e]
-    return widgets.interactive(
-        show,
-        batch=widgets.SelectionSlider(options=[2 ** i for i in range(11)],
-                                      value=start["batch"], description="batch",
-                                      continuous_update=False),
-        context_len=widgets.SelectionSlider(options=[2 ** i for i in range(7, 18)],
-                                            value=start["context_len"], description="context",
-                                            continuous_update=False),
-        ep_size=widgets.Dropdown(options=eps, value=start["ep_size"], description="EP size"),
-        hw_name=widgets.Dropdown(options=sorted(HARDWARE), value=start["hw_name"],
-                                 description="hardware"),
-        phase=widgets.ToggleButtons(options=["decode", "prefill"], value=start["phase"],
-                                    description="phase"))
-
-
 def roofline_table(summary: dict):
     """A :func:`tokenflow.viz.roofline_summary` as a :class:`tokenflow.viz.Table`: the three
     times (ms), which bounds the step, tokens/s per device, and the memory it needs."""
@@ -207,16 +171,24 @@ def roofline_table(summary: dict):
                        f"{_dtypes(r)}")
 
 
-def roofline_static(config, hw_names=("H800", "H200"), batch=(1, 8, 64, 256),
-                    ep_size=(8, 32, 256), context_len: int = 4096, phase: str = "decode",
-                    default: dict | None = None, **kw):
-    """Kernel-less explorer of :func:`roofline_table` over hardware presets, batch per device
-    and expert-parallel size, at one context length and phase (``kw``: the other arguments
-    of :func:`tokenflow.viz.roofline_summary`). Raises as ``roofline_summary``."""
-    from .static import explore
+def roofline_explorer(config, hw_names=("H800", "H200"), batch=(1, 8, 64, 256),
+                      ep_size=(8, 32, 256), context_len: int = 4096, phase: str = "decode",
+                      default: dict | None = None, live: bool = True, **kw):
+    """:func:`roofline_table` for one hardware preset, batch per device and expert-parallel
+    size of the given values, at one context length and phase (``kw``: the other arguments of
+    :func:`tokenflow.viz.roofline_summary`), through :func:`tokenflow.viz.explore`; starts at
+    H800, batch 64, EP32 where the grid has them. Raises as ``roofline_summary``."""
+    from .static import default_in, explore
+    controls = {"hardware": list(hw_names), "batch": list(batch), "EP": list(ep_size)}
     return explore(
         lambda hardware, batch, EP: roofline_table(roofline_summary(
             config, hardware, phase, batch, context_len, EP, **kw)),
-        {"hardware": list(hw_names), "batch": list(batch), "EP": list(ep_size)},
-        default=default, title=f"{config.name}, {phase}, context {context_len:,}: one step "
-                               f"on one GPU", live_below=True)
+        controls, live=live,
+        default=default or default_in(controls, {"hardware": "H800", "batch": 64, "EP": 32}),
+        title=f"{config.name}, {phase}, context {context_len:,}: one step on one GPU",
+        live_below=True)
+
+
+def roofline_static(*args, **kw):
+    """:func:`roofline_explorer` precomputed (``live=False``): works without a kernel."""
+    return roofline_explorer(*args, live=False, **kw)

@@ -5,14 +5,13 @@ Part of :mod:`tokenflow.viz`, the only package that draws; nothing below it impo
 """
 from __future__ import annotations
 
-import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
 from .style import column_figsize, MIN_FONT_PT
 from tokenflow.analysis.trace import COLORS
 
 __all__ = ["vocab_scores", "temperature_curves", "sampling_bars", "frequency_bars",
-           "sampling_panel", "sampling_controls", "sampling_explorer", "sampling_static"]
+           "sampling_panel", "sampling_explorer", "sampling_static"]
 
 
 # --------------------------------------------------------------------- chapter 04 (F4)
@@ -212,47 +211,14 @@ def sampling_panel(logits, tokenizer, temperature: float = 1.0, top_k: int | Non
 
 
 # --------------------------------------------------------------------- chapter 04 (F4)
-def sampling_controls(temperature=(0.0, 5.0, 0.1, 1.0), top_k=(1, 50, 1, 50),
-                      top_p=(0.05, 1.0, 0.05, 1.0), min_p=(0.0, 1.0, 0.01, 0.0)):
-    """Sliders for temperature, top-k, top-p and min-p.
-
-    Each argument is ``(min, max, step, value)``. Returns a dict of sliders named
-    ``temperature``, ``top_k``, ``top_p``, ``min_p`` (the keyword names of
-    :func:`tokenflow.inference.sampling.filter_logits`), ready for ``widgets.interactive``.
-    """
-    def f(desc, spec, fmt):
-        lo, hi, step, val = spec
-        return widgets.FloatSlider(value=val, min=lo, max=hi, step=step, description=desc,
-                                   readout_format=fmt, continuous_update=False)
-    lo, hi, step, val = top_k
-    return {"temperature": f("temperature", temperature, ".2f"),
-            "top_k": widgets.IntSlider(value=val, min=lo, max=hi, step=step,
-                                       description="top-k", continuous_update=False),
-            "top_p": f("top-p", top_p, ".2f"),
-            "min_p": f("min-p", min_p, ".2f")}
-
-
-def sampling_explorer(logits, tokenizer, n: int = 12, seed: int = 0, **slider_specs):
-    """An ``interactive`` widget: move the sliders of :func:`sampling_controls` and see
-    :func:`tokenflow.viz.sampling_panel` redraw for one position's ``logits [V]`` (kept
-    tokens in blue, removed in grey, the seeded draw in green).
-
-    ``slider_specs`` are passed to :func:`sampling_controls`.
-    """
-
-    def show(temperature, top_k, top_p, min_p):
-        sampling_panel(logits, tokenizer, round(temperature, 4), top_k, round(top_p, 4),
-                       round(min_p, 4), n=n, seed=seed)
-        import matplotlib.pyplot as plt
-        plt.show()
-    return widgets.interactive(show, **sampling_controls(**slider_specs))
-
-
-def sampling_static(logits, tokenizer, temperature=(0.5, 1.0, 2.0), top_k=(3, 50),
-                    top_p=(0.7, 1.0), min_p=(0.0, 0.1), n: int = 12, seed: int = 0):
-    """:func:`sampling_explorer` without a kernel: :func:`tokenflow.viz.sampling_panel`
-    (quiet: the kept count and the drawn token go in the title) for every combination of the
-    given values. Shown first: the temperature closest to 1 with the loosest filters.
+def sampling_explorer(logits, tokenizer, temperature=(0.5, 1.0, 2.0), top_k=(3, 50),
+                      top_p=(0.7, 1.0), min_p=(0.0, 0.1), n: int = 12, seed: int = 0,
+                      live: bool = True):
+    """:func:`tokenflow.viz.sampling_panel` of one position's ``logits [V]`` (quiet: the kept
+    count and the drawn token go in the title; kept tokens blue, removed grey, the seeded draw
+    green) for one temperature, top-k, top-p and min-p of the given values
+    (:func:`tokenflow.viz.explore`). Shown first: the temperature closest to 1 with the
+    loosest filters.
 
     Raises:
         ValueError: as :func:`tokenflow.viz.precomputed_explorer` or
@@ -265,7 +231,12 @@ def sampling_static(logits, tokenizer, temperature=(0.5, 1.0, 2.0), top_k=(3, 50
                               kw["min-p"], n=n, seed=seed, quiet=True)
     return explore(
         show, {"temperature": list(temperature), "top-k": list(top_k), "top-p": list(top_p),
-               "min-p": list(min_p)},
+               "min-p": list(min_p)}, live=live,
         title=f"the {n} most likely tokens; drawn with seed {seed}",
         default={"temperature": min(temperature, key=lambda t: abs(t - 1.0)),
                  "top-k": max(top_k), "top-p": max(top_p), "min-p": min(min_p)}, live_below=True)
+
+
+def sampling_static(*args, **kw):
+    """:func:`sampling_explorer` precomputed (``live=False``): works without a kernel."""
+    return sampling_explorer(*args, live=False, **kw)

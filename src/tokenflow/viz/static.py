@@ -308,6 +308,12 @@ def _live_controls(controls: dict, index: dict) -> dict:
     return out
 
 
+def default_in(controls: dict, preferred: dict) -> dict:
+    """The entries of ``preferred`` (control name -> value) that ``controls`` offers: an
+    explorer's chosen starting point, kept only where a caller's grid still has it."""
+    return {k: v for k, v in preferred.items() if k in controls and v in list(controls[k])}
+
+
 def explore(fn, controls: dict, *, live: bool = False, title: str | None = None,
             kind: str = "auto", default: dict | None = None, live_below: bool = False):
     """One explorer of ``fn`` over a grid of control values, in either of two forms.

@@ -5,33 +5,38 @@ Part of :mod:`tokenflow.viz`, the only package that draws; nothing below it impo
 """
 from __future__ import annotations
 
-import ipywidgets as widgets
+import textwrap
 
-from .hidden import shape_controls
 
 __all__ = ["decode_trace_summary", "decode_trace_explorer", "trace_table", "TRACE_SHAPES_WHERE",
            "trace_shapes_table", "trace_shapes_view", "trace_shapes_static",
-           "trace_shapes_explorer", "decode_trace_static",
+           "trace_shapes_explorer", "decode_trace_static", "router_sentence",
            "WEIGHT_PARTS", "step_bytes_table"]
 
 
-def decode_trace_summary(config, batch_size: int, seq_len: int, num_experts: int) -> str:
+def decode_trace_summary(config, batch_size: int, seq_len: int, num_experts: int,
+                         router: bool = False) -> str:
     """The trace of a random-weight model of ``config`` with ``B``, ``S``, ``E`` changed
     (:func:`tokenflow.analysis.trace.trace_shapes`), tied to the diagram nodes; blocks 0 and 1 only
-    (the others repeat block 1)."""
+    (the others repeat block 1). With ``router``, a first line says what ``E`` changes (no
+    traced shape holds it: :func:`router_sentence`)."""
     from tokenflow.analysis.trace import trace_shapes
 
     from .diagram import diagram_trace_table
     trace = trace_shapes(config, batch_size, seq_len, num_experts=num_experts)
-    return diagram_trace_table(trace, layers=(0, 1))
+    route = next(e for e in trace.events if e.action == "route top-k")
+    head = (textwrap.fill(router_sentence(batch_size * seq_len, route.out_shape[-1],
+                                          num_experts), 90) + "\n" if router else "")
+    return head + diagram_trace_table(trace, layers=(0, 1))
 
 
-def decode_trace_explorer(config, **slider_specs):
-    """:func:`shape_controls` sliders (B, S, E) printing :func:`decode_trace_summary`.
-    Returns an ``ipywidgets.interactive``."""
-    def show(batch_size, seq_len, num_experts):
-        print(decode_trace_summary(config, batch_size, seq_len, num_experts))
-    return widgets.interactive(show, **shape_controls(**slider_specs))
+def router_sentence(tokens: int, top_k: int, num_experts: int) -> str:
+    """What the expert count ``E`` changes in one pass of ``tokens`` (``B*S``) tokens that
+    each keep ``top_k`` experts: the router's score matrix ``[B*S, E]`` and the (token, expert)
+    pairs each expert gets on average, ``B*S*K / E``."""
+    return (f"E = {num_experts}: the router scores [{tokens}, {num_experts}] (B*S = {tokens} "
+            f"tokens x {num_experts} experts) and keeps K = {top_k}; each expert gets "
+            f"{tokens * top_k / num_experts:g} (token, expert) pairs on average")
 
 
 def trace_table(trace, where: tuple[str, ...] | None = None, note: bool = True):
@@ -68,48 +73,50 @@ def trace_shapes_view(config, batch_size: int, seq_len: int, num_experts: int):
     average, ``B*S*K / E``. Raises as :func:`tokenflow.analysis.trace.trace_shapes`."""
     t = trace_shapes_table(config, batch_size, seq_len, num_experts)
     route = next(r for r in t.rows if r[1] == "route top-k")
-    T, K = batch_size * seq_len, int(route[4].strip("[]").split(",")[-1])
-    t.title = (f"E = {num_experts}: the router scores [{T}, {num_experts}] (B*S = {T} tokens "
-               f"x {num_experts} experts) and keeps K = {K}; each expert gets "
-               f"{T * K / num_experts:g} (token, expert) pairs on average")
+    K = int(route[4].strip("[]").split(",")[-1])
+    t.title = router_sentence(batch_size * seq_len, K, num_experts)
     return t
 
 
-def trace_shapes_static(config, batch=(1, 2, 8), seq_len=(1, 5, 64), experts=(2, 8, 32),
-                        default=None):
-    """Kernel-less explorer of :func:`trace_shapes_view` over the given values of ``B``,
-    ``S`` and ``E`` (:func:`tokenflow.viz.explore`; at most 48 combinations)."""
-    from .static import explore
+def trace_shapes_explorer(config, batch=(1, 2, 8), seq_len=(1, 5, 64), experts=(2, 8, 32),
+                          default=None, live: bool = True):
+    """:func:`trace_shapes_view` for one ``B``, ``S`` and ``E`` of the given values, through
+    :func:`tokenflow.viz.explore` (precomputed: at most 48 combinations); starts at B=2, S=5,
+    E=8 where the grid has them."""
+    from .static import default_in, explore
+    controls = {"B": list(batch), "S": list(seq_len), "E": list(experts)}
     return explore(
-        lambda B, S, E: trace_shapes_view(config, B, S, E),
-        {"B": list(batch), "S": list(seq_len), "E": list(experts)},
-        default=default, title="trace shapes for batch B, sequence length S, experts E",
-        live_below=True)
+        lambda B, S, E: trace_shapes_view(config, B, S, E), controls, live=live,
+        default=default or default_in(controls, {"B": 2, "S": 5, "E": 8}),
+        title="trace shapes for batch B, sequence length S, experts E", live_below=True)
 
 
-def trace_shapes_explorer(config, batch=(1, 2, 4, 8), seq_len=(1, 5, 16, 64),
-                          experts=(2, 4, 8, 16, 32), default=None):
-    """The live form of :func:`trace_shapes_static` (``ipywidgets.interactive``)."""
-    from .static import explore
-    return explore(lambda B, S, E: trace_shapes_view(config, B, S, E),
-                   {"B": list(batch), "S": list(seq_len), "E": list(experts)}, live=True,
-                   default=default or {"B": 2, "S": 5, "E": 8})
+def trace_shapes_static(*args, **kw):
+    """:func:`trace_shapes_explorer` precomputed (``live=False``): works without a kernel."""
+    return trace_shapes_explorer(*args, live=False, **kw)
 
 
-def decode_trace_static(config, batch_size=(1, 2, 4, 8), seq_len=(1, 8, 32),
-                        num_experts=(4, 8, 16)):
-    """:func:`decode_trace_explorer` without a kernel: :func:`decode_trace_summary` for every
-    ``(B, S, E)`` of the grid (random weights: only the shapes mean anything)."""
+def decode_trace_explorer(config, batch_size=(1, 2, 4, 8), seq_len=(1, 8, 32),
+                          num_experts=(4, 8, 16), live: bool = True):
+    """:func:`decode_trace_summary` (with its router line: ``E`` changes no traced shape) for
+    one ``(B, S, E)`` of the given values (random weights: only the shapes mean anything),
+    through :func:`tokenflow.viz.explore`."""
     from .static import explore
 
     def show(**kw):
-        return decode_trace_summary(config, kw["batch B"], kw["seq len S"], kw["experts E"])
+        return decode_trace_summary(config, kw["batch B"], kw["seq len S"], kw["experts E"],
+                                    router=True)
     return explore(
         show, {"batch B": list(batch_size), "seq len S": list(seq_len),
-               "experts E": list(num_experts)},
+               "experts E": list(num_experts)}, live=live,
         title="trace of a random-weight model, blocks 0 and 1",
         default={"batch B": batch_size[0], "seq len S": seq_len[min(1, len(seq_len) - 1)],
                  "experts E": num_experts[min(1, len(num_experts) - 1)]}, live_below=True)
+
+
+def decode_trace_static(*args, **kw):
+    """:func:`decode_trace_explorer` precomputed (``live=False``): works without a kernel."""
+    return decode_trace_explorer(*args, live=False, **kw)
 
 
 WEIGHT_PARTS = {"embedding": ("embedding",), "attention": ("attention", "norms"),
