@@ -85,3 +85,15 @@ def test_explorer_figures_are_compacted():
     with Image.open(io.BytesIO(data)) as im:
         assert im.mode == "P"
         assert f'width="{im.size[0] // 2}"' in html
+
+
+def test_no_dithering_noise_on_a_gradient():
+    """More shades than colours (a heatmap's colour bar): without dithering every column of a
+    horizontal gradient stays one colour; dithering would scatter two colours through it."""
+    x = np.tile(np.linspace(0, 255, 600), (40, 1))
+    rgb = np.stack([x, 255 - x, np.full_like(x, 128)], axis=-1).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, format="PNG")
+    px = _pixels(compact_png(buf.getvalue(), colors=16))
+    assert (px == px[:1]).all()                         # every row equals the first
+    assert np.abs(px - rgb.astype(np.int16)).max() <= 24   # 600 shades in 16 colours
