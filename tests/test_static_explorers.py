@@ -37,7 +37,8 @@ def _outputs(explorer) -> dict:
             re.findall(r'<div class="tf-out" data-key="([\d-]+)"[^>]*>(.*?)</div>', page, re.S)}
 
 
-@pytest.mark.parametrize("p, text", [(0.48921, "0.4892"), (0.001, "0.0010"), (3.84e-5, "3.8e-05"),
+@pytest.mark.parametrize("p, text", [(0.48921, "0.4892"), (0.001, "0.0010"), (5.2e-4, "0.0005"),
+                                     (1e-4, "0.0001"), (3.84e-5, "<0.0001"), (1e-12, "<0.0001"),
                                      (0.0, "0"), (1.0, "1.0000")])
 def test_prob_text_keeps_the_digits_that_matter(p, text):
     assert prob_text(p) == text

@@ -264,7 +264,7 @@ def test_logit_lens_compare_table():
     text = [[t.cell_text(i, j) for j in range(5)] for i in range(3)]
     assert text == [["0", "embedding", "True", "0.1000", "0.1000"],
                     ["1", "after block 0", "True", "0.1000", "0.1000"],
-                    ["2", "after block 1", "False", "0.0500", "5.0e-04"]]  # below 0.001
+                    ["2", "after block 1", "False", "0.0500", "0.0005"]]  # 4 decimals down to 1e-4
     assert "A&lt;1&gt; vs B" in t._repr_html_()
     assert logit_lens_compare(lens, other, Tok(), 0, ("A", "B"), position=0).title == \
         "A vs B, position 0"

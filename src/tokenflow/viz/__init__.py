@@ -34,7 +34,8 @@ and ipywidgets load with it.
 from types import ModuleType as _ModuleType
 
 from .lang import set_language, language, tr
-from .fmt import (display_width, pad, format_bytes, say, Table, agree, Agreement)
+from .fmt import (display_width, pad, format_bytes, say, Table, agree, Agreement, shapes,
+                  checks)
 from .static import (explore, precomputed_explorer, PrecomputedExplorer, MAX_OUTPUTS,
                      MAX_HTML_BYTES)
 from .style import (setup_notebook, use_book_font)

@@ -16,7 +16,7 @@ import unicodedata
 from .lang import tr
 
 __all__ = ["display_width", "pad", "format_bytes", "say", "Table", "agree", "Agreement",
-           "format_tolerance"]
+           "format_tolerance", "shapes", "checks"]
 
 
 def display_width(text: str) -> int:
@@ -184,6 +184,76 @@ class Table:
 
     def __repr__(self) -> str:
         return self.to_text()
+
+
+def _named(mapping, named: dict, what: str) -> dict:
+    """One ``{name: value}`` dict from a positional mapping and keyword arguments."""
+    if mapping is not None and not hasattr(mapping, "items"):
+        raise TypeError(f"{what} takes a mapping of name -> value and/or keyword arguments, "
+                        f"got {type(mapping).__name__}")
+    items = {**(dict(mapping) if mapping is not None else {}), **named}
+    if not items:
+        raise ValueError(f"{what} needs at least one named value")
+    return items
+
+
+def shapes(mapping=None, /, *, title: str | None = None, **tensors) -> Table:
+    """The shape of each named tensor, one row each, in the order given: the form in which a
+    chapter shows what a step turned into what.
+
+    ``shapes(input_ids=ids, hidden_states_l0=h)`` or, for names that are not identifiers,
+    ``shapes({"x (tokens)": x})``. A value is anything with ``.shape`` (a tensor, an array);
+    the row shows ``[1, 5]`` and the element count.
+
+    Raises:
+        TypeError: if ``mapping`` is not a mapping, or a value has no ``shape``.
+        ValueError: if no tensor is named.
+    """
+    rows = []
+    for name, t in _named(mapping, tensors, "shapes").items():
+        if not hasattr(t, "shape"):
+            raise TypeError(f"shapes: {name!r} must have a .shape (a tensor or an array), "
+                            f"got {type(t).__name__}")
+        dims = [int(d) for d in t.shape]
+        n = 1
+        for d in dims:
+            n *= d
+        rows.append([name, str(dims), n])
+    return Table(rows, ["tensor", "shape", "elements"], title=title, align="<<>")
+
+
+def _holds(value) -> str:
+    """A claim's outcome as the table shows it: ``True`` / ``False``, or an agreement with
+    its tolerance (``equal within 1e-6: True``)."""
+    if isinstance(value, Agreement):
+        return str(Agreement(value.max_abs_diff, value.tol))
+    if hasattr(value, "numel"):                      # a torch tensor, without importing torch
+        if value.numel() != 1:
+            raise TypeError(f"a claim must be one boolean, got a tensor of shape "
+                            f"{list(value.shape)}")
+        value = value.item()
+    if hasattr(value, "dtype") and getattr(value, "shape", None) == ():   # numpy scalar
+        value = value.item()
+    if not isinstance(value, bool):
+        raise TypeError(f"a claim must be a bool, a one-element tensor or an Agreement "
+                        f"(tokenflow.viz.agree), got {type(value).__name__}: {value!r}")
+    return str(value)
+
+
+def checks(mapping=None, /, *, title: str | None = None, **claims) -> Table:
+    """Claims the chapter proves, one row each: the claim and whether it holds, as a table
+    instead of one ``print`` per claim.
+
+    ``checks({"K read == cache slots 0..4": torch.equal(a, b),
+    "cached vs recompute": agree(x, y, 1e-5)})``: a value is a bool, a one-element tensor or
+    an :class:`Agreement` (shown with its tolerance, ``equal within 1e-5: True``).
+
+    Raises:
+        TypeError: if ``mapping`` is not a mapping or a value is not one of those.
+        ValueError: if no claim is given.
+    """
+    rows = [[name, _holds(v)] for name, v in _named(mapping, claims, "checks").items()]
+    return Table(rows, ["claim", "holds"], title=title, align="<<")
 
 
 # --------------------------------------------------------------------- agreement claims

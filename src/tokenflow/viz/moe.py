@@ -318,8 +318,9 @@ def moe_routing_summary(num_experts: int, top_k: int, batch_size: int, seq_len: 
 
 
 def prob_text(p: float) -> str:
-    """A probability with the digits that matter: 4 decimals from 0.001 up (``0.4892``),
-    scientific below (``3.8e-05``), ``0`` for exactly zero.
+    """A probability with the digits that matter: 4 decimals (``0.4892``, ``0.0005``),
+    ``<0.0001`` below that (a table of top tokens reads "tiny", not rounding digits such as
+    ``3.8e-05``), ``0`` for exactly zero.
 
     Raises:
         ValueError: if ``p`` is not in [0, 1].
@@ -327,7 +328,7 @@ def prob_text(p: float) -> str:
     p = float(p)
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"p must be a probability in [0, 1], got {p!r}")
-    return "0" if p == 0 else f"{p:.4f}" if p >= 1e-3 else f"{p:.1e}"
+    return "0" if p == 0 else f"{p:.4f}" if p >= 1e-4 else "<0.0001"
 
 
 def moe_routing_explorer(num_experts=(8, 64, 256), top_k=(2, 6, 8), world_size=(2, 8),

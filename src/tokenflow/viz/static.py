@@ -96,7 +96,8 @@ def _render(out, kind: str) -> str:
 
 
 def _figure_html(fig, kind: str) -> str:
-    """A figure as an ``<img>`` (PNG at :data:`PNG_DPI`, shown at half size) or inline SVG.
+    """A figure as an ``<img>`` (PNG at :data:`PNG_DPI`, shown at half size, compacted by
+    :func:`~tokenflow.viz.style.compact_png`) or inline SVG.
     Both are written without dates or random ids, so the same figure gives the same bytes."""
     import matplotlib
     import matplotlib.pyplot as plt
@@ -113,9 +114,11 @@ def _figure_html(fig, kind: str) -> str:
     if kind == "svg":
         svg = buf.getvalue().decode()
         return svg[svg.index("<svg"):]
-    width = _png_width(buf.getvalue()) // 2
+    from .style import compact_png
+    png = compact_png(buf.getvalue())
+    width = _png_width(png) // 2
     alt = html.escape(_figure_alt(fig))
-    data = base64.b64encode(buf.getvalue()).decode()
+    data = base64.b64encode(png).decode()
     return (f'<img src="data:image/png;base64,{data}" width="{width}" alt="{alt}" '
             f'style="max-width:100%;height:auto">')
 

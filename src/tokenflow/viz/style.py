@@ -16,7 +16,7 @@ import matplotlib
 from .fonts import use_book_font
 
 __all__ = ["setup_notebook", "use_book_font", "COLUMN_WIDTH_IN", "MIN_FONT_PT", "column_figsize",
-           "contrast", "text_on", "series_style"]
+           "contrast", "text_on", "series_style", "compact_png", "PNG_COLORS"]
 
 use_book_font()
 
@@ -41,16 +41,63 @@ def setup_notebook(seed: int = 0, threads: int = 1) -> None:
     _inline_retina()
 
 
+PNG_COLORS = 256
+"""Colours a stored figure keeps (:func:`compact_png`): the book's figures are flat fills, lines
+and antialiased text, which 256 colours draw without visible change at a third of the bytes."""
+
+
+def compact_png(png: bytes, colors: int = PNG_COLORS) -> bytes:
+    """``png`` (a figure matplotlib wrote) as a palette PNG of at most ``colors`` colours, same
+    width and height, no dithering (flat fills stay flat). Median-cut quantisation (Pillow) is
+    deterministic, so the same figure gives the same bytes on every machine. A chapter's
+    stored figures take about 40% of their RGBA size.
+
+    Raises:
+        ValueError: if ``colors`` is not in 2..256 or ``png`` is not a PNG.
+    """
+    import io
+
+    from PIL import Image
+    if isinstance(colors, bool) or not isinstance(colors, int) or not 2 <= colors <= 256:
+        raise ValueError(f"colors must be an int in 2..256, got {colors!r}")
+    if not isinstance(png, (bytes, bytearray)) or png[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("png must be the bytes of a PNG image")
+    with Image.open(io.BytesIO(png)) as im:
+        rgb = im.convert("RGB")
+    small = rgb.quantize(colors=colors, method=Image.Quantize.MEDIANCUT,
+                         dither=Image.Dither.NONE)
+    out = io.BytesIO()
+    small.save(out, format="PNG", optimize=True)
+    return out.getvalue()
+
+
+def _compact_retina_figure(fig):
+    """IPython's retina PNG of ``fig`` (2x pixels, display size in the metadata), compacted
+    by :func:`compact_png`; ``None`` for an empty figure, as IPython returns."""
+    from base64 import b64encode
+
+    from IPython.core.pylabtools import retina_figure
+    out = retina_figure(fig, base64=False)
+    if out is None:
+        return None
+    png, metadata = out
+    return b64encode(compact_png(png)).decode("ascii"), metadata
+
+
 def _inline_retina() -> None:
     """In a Jupyter kernel, have the inline backend send PNGs at twice ``figure.dpi`` with
-    their display size in the metadata (``'retina'``); outside a kernel, do nothing."""
+    their display size in the metadata (``'retina'``), compacted by :func:`compact_png`;
+    outside a kernel, do nothing."""
     try:
         from IPython import get_ipython
+        from matplotlib.figure import Figure
         from matplotlib_inline.backend_inline import set_matplotlib_formats
     except ImportError:
         return
-    if get_ipython() is not None:
+    shell = get_ipython()
+    if shell is not None:
         set_matplotlib_formats("retina")
+        shell.display_formatter.formatters["image/png"].for_type(Figure, _compact_retina_figure)
 
 
 # --- figure text: size and contrast -------------------------------------------------------------
