@@ -134,8 +134,8 @@ def _chinese_figures(model, tok, traced):
                                    top.values.tolist())
     h = trace.hidden_states
     yield "hidden_state_heatmap", viz.hidden_state_heatmap(
-        h[0][0], tokens, title=f"hidden_states_l0 of 北京是中国的首: rows = tokens, "
-        f"columns = features")
+        h[0][0], tokens, title="hidden_states_l0 of 北京是中国的首: rows = tokens, "
+        "columns = features")
     yield "residual_stream_plot", viz.residual_stream_plot(h, len(tokens) - 1, tokens)
     yield "shape_flow", viz.shape_flow([(f"input_ids\n{list(ids.shape)}", "token"),
                                         ("lookup: one row of\nembedding_table\n[888, 128]",
@@ -294,3 +294,20 @@ def test_the_english_word_check_finds_english():
         "block", "router", "weights", "blank", "not", "chosen"]
     assert _english_words("DeepSeek-V3 MoE 的 input_ids [B,S] top-k temperature=2.0 "
                           "bf16 KiB GDN+full $\\mathdefault{10^{2}}$ logits 专家") == []
+
+
+def test_trace_tables_in_chinese_have_no_english_prose(traced_prompt):
+    """The printed trace of the running example (its actions, places and notes, which
+    tokenflow.explain.trace writes in English) reads in Chinese with set_language("zh")."""
+    from tokenflow.viz import Table, diagram_trace_table, lang, trace_table
+    _, _, _, trace = traced_prompt
+    lang.set_language("zh")
+    try:
+        texts = [t.to_text() if isinstance(t, Table) else str(t)
+                 for t in (trace_table(trace), diagram_trace_table(trace))]
+    finally:
+        lang.set_language("en")
+    for text in texts:
+        assert len(text.splitlines()) >= 10
+        words = [w for line in text.splitlines()[1:] for w in _english_words(line)]
+        assert words == [], sorted(set(words))
