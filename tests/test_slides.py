@@ -278,6 +278,9 @@ def test_diagram_deck_fits_and_has_notes(page, book_html_dir, zh_html_dir):
         page.goto((folder / "slides" / "diagram.html").as_uri(), wait_until="load")
         page.wait_for_function("() => window.tokenflowDeck !== undefined")
         n = page.evaluate("() => window.tokenflowDeck.count")
+        ids = page.evaluate("() => [...document.querySelectorAll('marker')].map(m => m.id)")
+        if len(set(ids)) != len(ids):     # a marker in a hidden slide draws no arrowhead
+            problems.append(f"{edition}: arrowhead marker ids repeat: {ids}")
         if n != len(slides.DIAGRAM_PARTS):
             problems.append(f"{edition}: {n} slides, want {len(slides.DIAGRAM_PARTS)}")
         words, boxes = "", 0
