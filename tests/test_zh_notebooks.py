@@ -174,6 +174,9 @@ def test_every_relative_link_resolves_in_the_english_and_generated_chinese_noteb
         zh, _ = zh_notebooks.generate(path)
         assert _unresolved(en, path.parent) == [], path.name
         assert _unresolved(zh, zh_notebooks.ZH) == [], path.name
+        chapters = [t for t in _relative_links(zh) if t.endswith(".ipynb")]
+        assert all((zh_notebooks.ZH / t).resolve().parent == zh_notebooks.ZH.resolve()
+                   for t in chapters), chapters   # the Chinese chapters, not the English
         assert len(_relative_links(zh)) == len(_relative_links(en)), path.name
         n += len(_relative_links(zh))
     assert n >= 20   # the chapters link the references, glossary, benchmarks and each other
@@ -237,3 +240,13 @@ def test_rebase_links_moves_only_links_out_of_the_folder(tmp_path):
     back = json.loads(i18n._links_from_notebooks(json.dumps(page), zh, nbs))
     assert back["cells"][0]["source"].startswith("[a](../book/references.md#kv) [b](02_x.ipynb)")
     assert back["cells"][1]["source"] == ["x = '](../../keep)'"]
+    # as the zh_CN build reads the page notebooks/02_x from notebooks/zh/02_x.ipynb
+    zh.mkdir(parents=True)
+    (zh / "02_x.ipynb").write_text(json.dumps(page), encoding="utf-8")
+    from types import SimpleNamespace
+    app = SimpleNamespace(srcdir=str(tmp_path), env=SimpleNamespace(note_dependency=lambda path: None),
+                          config=SimpleNamespace(language="zh_CN",
+                                                 tokenflow_editions=i18n.DEFAULT_EDITIONS))
+    source = ["English"]
+    i18n._chinese_notebook(app, "notebooks/02_x", source)
+    assert json.loads(source[0])["cells"][0]["source"] == back["cells"][0]["source"]
