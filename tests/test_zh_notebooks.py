@@ -244,7 +244,8 @@ def test_rebase_links_moves_only_links_out_of_the_folder(tmp_path):
     zh.mkdir(parents=True)
     (zh / "02_x.ipynb").write_text(json.dumps(page), encoding="utf-8")
     from types import SimpleNamespace
-    app = SimpleNamespace(srcdir=str(tmp_path), env=SimpleNamespace(note_dependency=lambda path: None),
+    app = SimpleNamespace(srcdir=str(tmp_path),
+                          env=SimpleNamespace(note_dependency=lambda path: None),
                           config=SimpleNamespace(language="zh_CN",
                                                  tokenflow_editions=i18n.DEFAULT_EDITIONS))
     source = ["English"]
