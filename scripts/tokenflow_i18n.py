@@ -210,16 +210,24 @@ def _chinese_notebook(app, docname: str, source: list) -> None:
 
 def _links_from_notebooks(text: str, written_in: Path, page_in: Path) -> str:
     """The notebook JSON ``text`` with its markdown cells' links rebased from the folder
-    ``written_in`` (notebooks/zh/) to ``page_in`` (notebooks/, where the page lives)."""
+    ``written_in`` (notebooks/zh/) to ``page_in`` (notebooks/, where the page lives); a link
+    that reaches nothing from ``written_in`` (a notebook written before the links were moved)
+    stays as it is."""
     import json
     import sys
     sys.path.insert(0, str(Path(__file__).parent))
-    from zh_notebooks import rebase_links
+    from zh_notebooks import LINK, rebase_links
+
+    def move(m):
+        target = m.group(2).partition("#")[0]
+        if target and not (Path(written_in) / target).exists():
+            return m.group(0)
+        return rebase_links(m.group(0), written_in, page_in)
+
     nb = json.loads(text)
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
-            src = "".join(cell["source"])
-            cell["source"] = rebase_links(src, written_in, page_in)
+            cell["source"] = LINK.sub(move, "".join(cell["source"]))
     return json.dumps(nb, ensure_ascii=False)
 
 

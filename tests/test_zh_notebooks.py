@@ -235,13 +235,20 @@ def test_rebase_links_moves_only_links_out_of_the_folder(tmp_path):
                      '[h](./sub/i.md)')
     assert zh_notebooks.rebase_links(moved, zh, nbs) == text
     i18n = _script("tokenflow_i18n")
+    zh.mkdir(parents=True)
+    for name in ("book/references.md", "_static/f.png", "img/g.png"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
     page = {"cells": [{"cell_type": "markdown", "source": [moved]},
                       {"cell_type": "code", "source": ["x = '](../../keep)'"]}]}
     back = json.loads(i18n._links_from_notebooks(json.dumps(page), zh, nbs))
     assert back["cells"][0]["source"].startswith("[a](../book/references.md#kv) [b](02_x.ipynb)")
     assert back["cells"][1]["source"] == ["x = '](../../keep)'"]
+    stale = {"cells": [{"cell_type": "markdown", "source": ["[a](../book/references.md)"]}]}
+    assert json.loads(i18n._links_from_notebooks(json.dumps(stale), zh, nbs))["cells"][0][
+        "source"] == "[a](../book/references.md)"     # written before the move: it stays
     # as the zh_CN build reads the page notebooks/02_x from notebooks/zh/02_x.ipynb
-    zh.mkdir(parents=True)
+    zh.mkdir(parents=True, exist_ok=True)
     (zh / "02_x.ipynb").write_text(json.dumps(page), encoding="utf-8")
     from types import SimpleNamespace
     app = SimpleNamespace(srcdir=str(tmp_path),
