@@ -244,7 +244,8 @@ i18n-check: $(STAMP)
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 # JupyterLab with the book's web fonts (Chinese, emoji) in a custom.css, so the notebooks'
 # markdown and outputs show them without a system font: a Jupyter config folder under _build/
-# holds only that file; Lab's settings and workspaces stay where they were.
+# holds only that file; Lab's settings and workspaces stay where they were. It serves the whole
+# checkout and opens at notebooks/ (LANG=zh: notebooks/zh/), so the chapters' links to book/ open.
 LAB_CONFIG := $(CURDIR)/_build/jupyter-config
 lab: $(STAMP)
 	$(VPY) -m tokenflow.viz.fonts --lab-css $(LAB_CONFIG)/custom/custom.css
@@ -252,7 +253,8 @@ lab: $(STAMP)
 	JUPYTERLAB_SETTINGS_DIR=$${JUPYTERLAB_SETTINGS_DIR:-$$user/lab/user-settings} \
 	JUPYTERLAB_WORKSPACES_DIR=$${JUPYTERLAB_WORKSPACES_DIR:-$$user/lab/workspaces} \
 	JUPYTER_CONFIG_DIR=$(LAB_CONFIG) \
-	$(VENV)/bin/jupyter lab --LabApp.custom_css=True --ServerApp.root_dir=notebooks$(if $(filter zh,$(EDITION)),/zh,) $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --LabApp.custom_css=True --ServerApp.root_dir=. \
+	    --LabApp.default_url=/lab/tree/notebooks$(if $(filter zh,$(EDITION)),/zh,) $(LAB_ARGS)
 
 clean:
 	rm -rf _build .widgets_js .pytest_cache build dist

@@ -12,6 +12,7 @@ Each chapter notebook is copied with
   where the participant writes their own;
 - a first markdown cell saying that this is the participant copy, and the exercises' opening
   sentence saying what the copy holds (an answer cell to write in, not a folded solution);
+- links out of the chapters' folder (``../book/...``) rewritten to resolve from DEST;
 - every code cell tagged ``nbval-ignore-output`` (invisible in Lab), so that ``make test`` runs
   them under nbval, checking that each cell runs, not what it prints.
 
@@ -28,6 +29,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from zh_notebooks import rebase_links  # noqa: E402  (scripts/ is no package)
 DEST = ROOT / "_build" / "participant"
 NOTE = ("*Participant copy: outputs cleared, solutions left out. Predict, then run each cell; "
         "write your answers in the `# your answer` cells. The full notebook with the solutions "
@@ -124,6 +127,9 @@ def write_all(dest: Path | None = None, notebooks: list[Path] | None = None,
     written = []
     for p in paths:
         nb = participant(json.loads(p.read_text(encoding="utf-8")), lang)
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "markdown":
+                cell["source"] = rebase_links("".join(cell["source"]), p.parent, dest)
         target = dest / p.name
         target.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         written.append(target)

@@ -60,6 +60,7 @@ WIDTH, HEIGHT = 1280, 720             # a slide's box in CSS px (16:9)
 A4_PRINT_WIDTH = 718                  # 190 mm (A4 less 10 mm side margins) in CSS px
 A4_PRINT_HEIGHT = 1031                # 273 mm (A4 less 12 mm top and bottom margins)
 HANDOUT_ZOOM = A4_PRINT_WIDTH / WIDTH  # a slide on the handout: 718 x 404 px, two to a page
+MIN_TEXT_PX = 24                      # body size on a projected 1280 x 720 slide: no text smaller
 PER_SHEET = 2
 QUESTION = "**The question.**"
 ITEM = re.compile(r"(\d+\.|-)\s")     # an item as tokenflow.viz.say starts it
@@ -372,7 +373,7 @@ body { margin: 0; background: #2b2d31; color: #1f2328;
 .slide .body { flex: 1 1 auto; min-height: 0; display: flex; flex-direction: column; gap: 12px; }
 .slide[data-kind="title"] .body { flex: 0 1 auto; margin-bottom: auto; }
 .slide .question { font-size: calc(30px * min(var(--k), 1)); margin: 0; }
-.slide .source { font-size: 18px; margin: 0; }
+.slide .source { font-size: %(body_px)dpx; margin: 0; }
 .slide .source a { color: #59636e; }
 code, pre { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberation Mono",
   monospace, "%(font)s"; }
@@ -383,11 +384,12 @@ code, pre { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberat
   align-items: center; gap: 8px; }
 .slide figure img { flex: 1 1 auto; min-height: 0; max-width: 100%%; width: 100%%;
   object-fit: contain; }
-.slide figcaption { font-size: calc(20px * min(var(--k), 1)); color: #444; text-align: center; }
+.slide figcaption { font-size: calc(%(body_px)dpx * min(var(--k), 1)); color: #444;
+  text-align: center; }
 .slide .item { margin: 0 0 0.35em; }
 .slide ul.decks { list-style: none; padding: 0; margin: 0; }
 .slide .item .mark { color: %(blue)s; font-weight: 600; }
-.slide .table { flex: 0 1 auto; min-height: 0; font-size: calc(19px * var(--k)); }
+.slide .table { flex: 0 1 auto; min-height: 0; font-size: calc(%(body_px)dpx * var(--k)); }
 .slide table.tf-table { border-collapse: collapse; font-variant-numeric: tabular-nums;
   margin: 0 auto; }
 .slide table.tf-table th, .slide table.tf-table td { padding: 0.12em 0.6em; white-space: nowrap;
@@ -395,7 +397,7 @@ code, pre { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberat
 .slide table.tf-table caption { caption-side: top; text-align: left; font-weight: 600;
   padding-bottom: 0.3em; }
 .slide footer { position: absolute; left: 60px; right: 60px; bottom: 16px; display: flex;
-  justify-content: space-between; font-size: 15px; color: #8b949e; }
+  justify-content: space-between; font-size: %(body_px)dpx; color: #8b949e; }
 nav.deck-nav { display: none; }
 html.js body { overflow: hidden; height: 100vh; }
 html.js .slide { display: none; position: absolute; left: 50%%; top: 50%%; margin: 0;
@@ -446,6 +448,8 @@ SCRIPT = """
                top: r.top + parseFloat(cs.paddingTop) * z,
                bottom: r.bottom - parseFloat(cs.paddingBottom) * z};
     return [].slice.call(s.querySelectorAll('*')).every(function (e) {
+      var q = e.getBoundingClientRect();    // not drawn (the notes, an SVG's defs): no box
+      if (q.width === 0 && q.height === 0) return true;
       return e.closest('footer') ? inside(e, r) : inside(e, box);
     }) && s.scrollWidth <= s.clientWidth + 1 && s.scrollHeight <= s.clientHeight + 1;
   }
@@ -510,7 +514,8 @@ LICENCE = "CC BY 4.0"
 def _page(
     title: str, lang: str, body_class: str, body: str, css: str, handout: bool = False
 ) -> str:
-    style = STYLE % {"w": WIDTH, "h": HEIGHT, "blue": HIDDEN_BLUE, "font": FONT_FAMILY}
+    style = STYLE % {"w": WIDTH, "h": HEIGHT, "blue": HIDDEN_BLUE, "font": FONT_FAMILY,
+                     "body_px": MIN_TEXT_PX}
     style += KIT_STYLE % {"blue": HIDDEN_BLUE}
     if handout:
         style += HANDOUT_STYLE % {"zoom": f"{HANDOUT_ZOOM:.7g}", "h": A4_PRINT_HEIGHT - 4}
@@ -547,7 +552,8 @@ def handout_html(decks: list[Deck], lang: str, css: str,
     of their own. ``lang`` is the HTML language tag, ``edition`` the book's (``en``,
     ``zh_CN``). Each ``.sheet`` is one printed page."""
     diagram = diagram_deck(edition)
-    sheets = [f'<div class="sheet" data-chapter="kit">{_slide_html(diagram, 0, diagram.slides[0])}'
+    whole = _slide_html(diagram, 0, diagram_slide(edition))
+    sheets = [f'<div class="sheet" data-chapter="kit">{whole}'
               f'<div class="lines"></div></div>', cheat_sheet(edition)]
     w = KIT_WORDS[edition]
     for deck in decks:
@@ -628,6 +634,17 @@ KIT_WORDS = {
                           "(attention reads the KV cache, then a dense FFN or K of E experts), "
                           "the LM head turns the last one into V logits, sampling picks the "
                           "next id, and decode feeds it back. Ask which box the chapter opens."),
+        "part_enter": "The token enters a block: lookup, attention, the KV cache",
+        "part_ffn": "The FFN of a block: dense, or K of E experts",
+        "part_out": "After the last block: logits, sampling, the next token",
+        "part_ffn_notes": ("FFN type? is a property of the layer: a dense FFN, or the router "
+                           "picks K of E experts, dispatch sends each token's hidden state "
+                           "there and combine sums the answers with the router's weights. "
+                           "Ask what travels: the id, or the hidden state?"),
+        "part_out_notes": ("Every block hands back [B,S,H]; after the last one the LM head "
+                           "scores all V entries, sampling picks one id and the decode loop "
+                           "feeds it back as the next token id. Ask how many logits there are "
+                           "for DeepSeek-V3."),
         "sheet": "tokenflow cheat sheet: one token through an LLM",
         "line": "The line, with shapes",
         "letters": ("B batch (sequences together), S sequence length, H hidden_size, "
@@ -651,6 +668,16 @@ KIT_WORDS = {
                           "然后是稠密 FFN 或 E 个专家中的 K 个），LM 头把最后的隐藏状态"
                           "变成 V 个 logits，采样选出下一个 id，解码时再把它送回来。"
                           "问大家：这一章从哪个方框讲起？"),
+        "part_enter": "词元进入一个块：查表、注意力、KV 缓存",
+        "part_ffn": "块中的 FFN：稠密，或 E 个专家中的 K 个",
+        "part_out": "最后一个块之后：logits、采样、下一个词元",
+        "part_ffn_notes": ("FFN 类型是层的属性：要么是稠密 FFN，要么由路由器从 E 个专家中选出"
+                           " K 个，"
+                           "分发把每个词元的隐藏状态送过去，合并再按路由权重把结果加起来。"
+                           "问大家：传输的是 id，还是隐藏状态？"),
+        "part_out_notes": ("每个块都交回 [B,S,H]；最后一个块之后，LM 头给全部 V 个条目打分，"
+                           "采样选出一个 id，解码循环把它作为下一个词元 id 送回来。"
+                           "问大家：DeepSeek-V3 有多少个 logits？"),
         "sheet": "tokenflow 速查表：一个词元穿过 LLM",
         "line": "整条路径和形状",
         "letters": ("B 批大小（一起处理的序列数），S 序列长度，H hidden_size，V vocab_size，"
@@ -706,9 +733,29 @@ def _tr(lang: str):
     return tr
 
 
-def diagram_svg(lang: str = "en") -> str:
+# The diagram projected: three slides, each a part of the line on a 4 x 2 grid, every text at
+# the slides' body size (DIAGRAM_PART_FONT_PX); the whole diagram on one slide (DIAGRAM_GRID,
+# smaller text) is for the handout and the cheat sheet, read from paper.
+DIAGRAM_PARTS = (
+    ("part_enter", {"token_id": (0, 0), "embedding": (1, 0), "hidden": (2, 0),
+                    "attention": (3, 0), "kv_cache": (3, 1), "ffn_type": (2, 1)}),
+    ("part_ffn", {"ffn_type": (0, 0), "dense_ffn": (1, 0), "updated": (3, 0),
+                  "router": (0, 1), "dispatch": (1, 1), "expert_compute": (2, 1),
+                  "combine": (3, 1)}),
+    ("part_out", {"hidden": (0, 0), "updated": (1, 0), "final": (2, 0), "lm_head": (3, 0),
+                  "token_id": (0, 1), "next_token": (1, 1), "sampling": (2, 1),
+                  "logits": (3, 1)}),
+)
+DIAGRAM_PART_BOX = (1160, 500, 240, 130)
+DIAGRAM_PART_FONT_PX = MIN_TEXT_PX     # every label and arrow text of a projected part
+DIAGRAM_PART_COLUMNS = 18
+
+
+def diagram_svg(lang: str = "en", grid: dict | None = None) -> str:
     """The token-flow diagram (``tokenflow.viz.load_diagram``) as an inline SVG laid out for a
-    landscape slide (:data:`DIAGRAM_GRID`), its labels in edition ``lang``.
+    landscape slide, its labels in edition ``lang``: the whole of it (:data:`DIAGRAM_GRID`,
+    7 x 3, for paper), or the nodes of ``grid`` (one of :data:`DIAGRAM_PARTS`, 4 x 2, every
+    text at :data:`DIAGRAM_PART_FONT_PX`) with the arrows between them.
 
     Raises:
         ValueError: if the diagram has a node :data:`DIAGRAM_GRID` does not place.
@@ -719,20 +766,32 @@ def diagram_svg(lang: str = "en") -> str:
     missing = sorted(set(d.nodes) - set(DIAGRAM_GRID))
     if missing:
         raise ValueError(f"DIAGRAM_GRID places no {missing}: add them")
-    W, H, bw, bh = DIAGRAM_BOX
-    big, small = DIAGRAM_FONT_PX
-    cols, rows = 7, 3
+    whole = grid is None
+    grid = DIAGRAM_GRID if whole else grid
+    if whole:
+        (W, H, bw, bh), (big, small), columns = DIAGRAM_BOX, DIAGRAM_FONT_PX, DIAGRAM_COLUMNS
+        cols, rows, margin = 7, 3, 0
+    else:
+        W, H, bw, bh = DIAGRAM_PART_BOX
+        big = small = DIAGRAM_PART_FONT_PX
+        columns, cols, rows, margin = DIAGRAM_PART_COLUMNS, 4, 2, 40
+    step = big + 4                      # between a label's lines
+    # one marker id per part: the parts share a page, and a marker in a hidden slide is not drawn
+    arrow = "arrow" if whole else f"arrow-{next(iter(grid))}"
     def centre(node):
-        c, r = DIAGRAM_GRID[node]
-        return (bw / 2 + c * (W - bw) / (cols - 1), bh / 2 + r * (H - bh) / (rows - 1))
+        c, r = grid[node]
+        return (margin + bw / 2 + c * (W - 2 * margin - bw) / (cols - 1),
+                bh / 2 + r * (H - bh) / (rows - 1))
     fills = {"hidden": COLORS["hidden"], "moe": COLORS.get("moe", "#e0b000"),
              "token": COLORS.get("token", "#2e9e44")}
     out = [f'<svg class="diagram" viewBox="0 0 {W} {H}" xmlns="http://www.w3.org/2000/svg" '
            f'role="img" aria-label="{html.escape(tr("MoE experts"))}">',
-           '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
+           f'<defs><marker id="{arrow}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
            'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
            'fill="#444"/></marker></defs>']
     for e in d.edges:
+        if e.src not in grid or e.dst not in grid:
+            continue
         (x1, y1), (x2, y2) = centre(e.src), centre(e.dst)
         if {e.src, e.dst} == {"attention", "kv_cache"}:      # two arrows, side by side
             dx = -22 if e.src == "kv_cache" else 22
@@ -743,7 +802,7 @@ def diagram_svg(lang: str = "en") -> str:
             k = min(bw / 2 / abs(vx) if vx else 1e9, bh / 2 / abs(vy) if vy else 1e9)
             return x + vx * k, y + vy * k
         anchor = "middle"
-        if e.src == "updated" and e.dst == "hidden":          # next block: under the row
+        if whole and e.src == "updated" and e.dst == "hidden":     # next block: under the row
             path = (f"M{x1 - bw / 2:.0f},{y1:.0f} C{x1 - bw:.0f},{y1 - 60:.0f} "
                     f"{x2 + 40:.0f},{y2 + 110:.0f} {x2 + 20:.0f},{y2 + bh / 2:.0f}")
             lx, ly = (x1 + x2) / 2 + 10, y2 + 88
@@ -752,41 +811,58 @@ def diagram_svg(lang: str = "en") -> str:
             path = f"M{sx:.0f},{sy:.0f} L{tx:.0f},{ty:.0f}"
             lx, ly = (sx + tx) / 2, (sy + ty) / 2
             if y1 == y2:          # along a row: above it (the top row: below it)
-                ly = y1 + (bh / 2 + 16 if DIAGRAM_GRID[e.src][1] == 0 else -bh / 2 - 16)
-            elif x1 == x2:        # down a column: beside the arrow
-                anchor, lx = ("end", lx - 8) if e.src == "kv_cache" else ("start", lx + 8)
+                gap = bh / 2 + 16 + (0 if whole else small / 2)
+                ly = y1 + (gap if grid[e.src][1] == 0 else -gap)
+            elif x1 == x2:        # down a column: beside the arrow (left, but write KV)
+                anchor, lx = (("start", lx + 8) if e.src == "attention" and
+                              e.dst == "kv_cache" or whole and e.src != "kv_cache"
+                              else ("end", lx - 8))
         dash = ' stroke-dasharray="6 5"' if e.dotted else ""
         out.append(f'<path d="{path}" fill="none" stroke="#444" stroke-width="2"{dash} '
-                   f'marker-end="url(#arrow)"/>')
+                   f'marker-end="url(#{arrow})"/>')
         if e.label:
             label = html.escape(tr(e.label))
             out.append(f'<text class="edge" x="{lx:.0f}" y="{ly:.0f}" font-size="{small}" '
                        f'text-anchor="{anchor}" dominant-baseline="middle" paint-order="stroke" '
                        f'stroke="#fff" stroke-width="5">{label}</text>')
     for node, label in d.nodes.items():
+        if node not in grid:
+            continue
         x, y = centre(node)
         fill = fills.get(d.node_class.get(node, ""), "#8b949e")
         ink = "#000" if d.node_class.get(node) == "moe" else "#fff"
-        lines = [part for t in label.split("<br/>") for part in _wrap(tr(t), DIAGRAM_COLUMNS)]
+        lines = [part for t in label.split("<br/>") for part in _wrap(tr(t), columns)]
         out.append(f'<rect x="{x - bw / 2:.0f}" y="{y - bh / 2:.0f}" width="{bw}" '
                    f'height="{bh}" rx="10" fill="{fill}"/>')
-        top = y - (len(lines) - 1) * 9
+        top = y - (len(lines) - 1) * step / 2
         for k, line in enumerate(lines):
             size, weight = (big, 600) if k == 0 else (small, 400)
-            out.append(f'<text x="{x:.0f}" y="{top + k * 18:.0f}" font-size="{size}" '
+            out.append(f'<text x="{x:.0f}" y="{top + k * step:.0f}" font-size="{size}" '
                        f'font-weight="{weight}" fill="{ink}" text-anchor="middle" '
                        f'dominant-baseline="middle">{html.escape(line)}</text>')
     out.append("</svg>")
     return "".join(out)
 
 
+def diagram_slide(lang: str = "en") -> Slide:
+    """The whole diagram on one slide (:func:`diagram_svg`), for the handout."""
+    words = KIT_WORDS[lang]
+    return Slide("diagram", html.escape(words["diagram"]),
+                 f'<div class="diagram">{diagram_svg(lang)}</div>',
+                 html.escape(words["diagram_notes"]))
+
+
 def diagram_deck(lang: str = "en") -> Deck:
-    """The deck of one slide, the diagram (:func:`diagram_svg`), with its speaker notes."""
+    """The deck to project, ``slides/diagram.html``: the diagram in :data:`DIAGRAM_PARTS`,
+    one slide each, every text at body size, each with its speaker notes."""
     words = KIT_WORDS[lang]
     deck = Deck("diagram", "notebooks/00_token_flow", html.escape(words["diagram"]))
-    deck.slides.append(Slide("diagram", html.escape(words["diagram"]),
-                             f'<div class="diagram">{diagram_svg(lang)}</div>',
-                             html.escape(words["diagram_notes"])))
+    n = len(DIAGRAM_PARTS)
+    for k, (key, grid) in enumerate(DIAGRAM_PARTS, 1):
+        notes = words["diagram_notes"] if k == 1 else words[f"{key}_notes"]
+        deck.slides.append(Slide("diagram", html.escape(f"{words[key]} ({k}/{n})"),
+                                 f'<div class="diagram">{diagram_svg(lang, grid)}</div>',
+                                 html.escape(notes)))
     return deck
 
 

@@ -24,7 +24,8 @@ extension adds what Sphinx's own translation step does not cover:
 * the chapter pages of the Chinese edition come from the Chinese notebooks
   ``notebooks/zh/NN_*.ipynb`` (scripts/zh_notebooks.py: the English notebook with its catalog's
   prose and outputs run in Chinese), read in place of ``notebooks/NN_*.ipynb`` at
-  ``source-read``, so the page keeps its name and links; where there is none, the English
+  ``source-read``, so the page keeps its name and links (those out of ``notebooks/`` are one
+  folder deeper in ``notebooks/zh/`` and moved back); where there is none, the English
   notebook and the catalog, as for every other page.
 
 Loaded by _config.yml (``sphinx: local_extensions: {tokenflow_i18n: scripts/}``).
@@ -203,7 +204,31 @@ def _chinese_notebook(app, docname: str, source: list) -> None:
     path = Path(app.srcdir) / ZH_NOTEBOOKS / f"{Path(docname).name}.ipynb"
     if path.is_file():
         app.env.note_dependency(str(path))
-        source[0] = path.read_text(encoding="utf-8")
+        source[0] = _links_from_notebooks(path.read_text(encoding="utf-8"), path.parent,
+                                          path.parent.parent)
+
+
+def _links_from_notebooks(text: str, written_in: Path, page_in: Path) -> str:
+    """The notebook JSON ``text`` with its markdown cells' links rebased from the folder
+    ``written_in`` (notebooks/zh/) to ``page_in`` (notebooks/, where the page lives); a link
+    that reaches nothing from ``written_in`` (a notebook written before the links were moved)
+    stays as it is."""
+    import json
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from zh_notebooks import LINK, rebase_links
+
+    def move(m):
+        target = m.group(2).partition("#")[0]
+        if target and not (Path(written_in) / target).exists():
+            return m.group(0)
+        return rebase_links(m.group(0), written_in, page_in)
+
+    nb = json.loads(text)
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            cell["source"] = LINK.sub(move, "".join(cell["source"]))
+    return json.dumps(nb, ensure_ascii=False)
 
 
 def setup(app):

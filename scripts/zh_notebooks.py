@@ -15,7 +15,12 @@ as it is. Two additions:
 * a first code cell, after the title, ``set_language("zh")`` (``tokenflow.viz.lang``), tagged
   ``remove-cell`` (the book does not show it): the conclusions, tables, explorers, figures
   and diagram the viz layer makes are then in Chinese; numbers and code are unchanged;
-* the toggles of folded cells in Chinese (myst-nb's ``mystnb.code_prompt_show`` / ``_hide``).
+* the toggles of folded cells in Chinese (myst-nb's ``mystnb.code_prompt_show`` / ``_hide``);
+* relative links out of ``notebooks/`` (``../book/references.md``) one folder deeper
+  (``../../book/references.md``, :func:`rebase_links`), so that they resolve from
+  ``notebooks/zh/`` in JupyterLab; links to the other chapters stay (each has its Chinese
+  sibling). The Chinese book reads these notebooks as the pages ``notebooks/NN_*`` and moves
+  the links back (scripts/tokenflow_i18n.py).
 
 ``build`` executes each written notebook in a fresh kernel as the English ones are run
 (``ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 jupyter execute``, see the README) and strips
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -131,6 +137,31 @@ def translate_markdown(source: str, catalog: dict[str, str], md=None) -> tuple[s
     return "\n".join(lines), missing
 
 
+# a markdown link or image target: ](target) or ](target "title"); an HTML src= or href=
+LINK = re.compile(r'(\]\(|(?:src|href)=")([^)"\s]+)')
+
+
+def rebase_links(markdown: str, written_in: Path, moved_to: Path) -> str:
+    """``markdown``, written in the folder ``written_in``, as it must read in ``moved_to``:
+    each relative link whose target lies outside ``written_in`` is rewritten relative to
+    ``moved_to``; links inside ``written_in`` (which moves along), absolute links, URLs and
+    ``#anchors`` stay as they are."""
+    inside = Path(os.path.abspath(written_in))
+
+    def move(m: re.Match) -> str:
+        target = m.group(2)
+        if re.match(r"[a-zA-Z][\w+.-]*:|#|/", target):
+            return m.group(0)
+        path, hash_, anchor = target.partition("#")
+        at = Path(os.path.normpath(inside / path))
+        if at == inside or inside in at.parents:
+            return m.group(0)
+        new = Path(os.path.relpath(at, os.path.abspath(moved_to))).as_posix()
+        return m.group(1) + new + hash_ + anchor
+
+    return LINK.sub(move, markdown)
+
+
 def _lines(text: str) -> list[str]:
     out = text.splitlines(keepends=True)
     return out
@@ -144,7 +175,7 @@ def zh_notebook(nb: dict, catalog: dict[str, str]) -> tuple[dict, list[str]]:
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
             text, more = translate_markdown("".join(cell["source"]), catalog, md)
-            cell["source"] = _lines(text)
+            cell["source"] = _lines(rebase_links(text, NOTEBOOKS, ZH))
             missing += more
         elif cell["cell_type"] == "code":
             tags = cell.get("metadata", {}).get("tags", [])

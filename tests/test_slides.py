@@ -268,34 +268,94 @@ def pdf_problems(pdf: Path, edition: str) -> list[str]:
 
 
 def test_diagram_deck_fits_and_has_notes(page, book_html_dir, zh_html_dir):
-    """slides/diagram.html of both editions: the token-flow diagram on one 1280 x 720 slide,
-    every box and label inside it, no text smaller than 16 px, every node of the diagram's
-    file drawn with its label in the edition's words, N shows the speaker notes."""
+    """slides/diagram.html of both editions: the token-flow diagram in parts
+    (slides.DIAGRAM_PARTS), one 1280 x 720 slide each, every box and label inside its slide,
+    every node of the diagram's file drawn with its label in the edition's words on some
+    slide, and N shows each slide's speaker notes. (Text size: test_no_text_under_body_size.)"""
     from tokenflow.viz import load_diagram
     problems = []
     for edition, folder in (("en", book_html_dir), ("zh", zh_html_dir)):
         page.goto((folder / "slides" / "diagram.html").as_uri(), wait_until="load")
         page.wait_for_function("() => window.tokenflowDeck !== undefined")
-        r = page.evaluate("""() => { const s = document.querySelector('.slide');
-          const b = s.getBoundingClientRect(), k = b.width / 1280;
-          const texts = [...s.querySelectorAll('svg text')];
-          return {out: texts.filter(t => { const q = t.getBoundingClientRect();
-                    return q.left < b.left || q.right > b.right || q.top < b.top ||
-                           q.bottom > b.bottom; }).map(t => t.textContent),
-                  small: texts.filter(t => t.getBoundingClientRect().height / k < 16 * 0.95)
-                    .map(t => t.textContent),
-                  words: texts.map(t => t.textContent).join(' ')}; }""")
-        problems += [f"{edition}: outside the slide: {t}" for t in r["out"]]
-        problems += [f"{edition}: smaller than 16 px: {t}" for t in r["small"]]
+        n = page.evaluate("() => window.tokenflowDeck.count")
+        ids = page.evaluate("() => [...document.querySelectorAll('marker')].map(m => m.id)")
+        if len(set(ids)) != len(ids):     # a marker in a hidden slide draws no arrowhead
+            problems.append(f"{edition}: arrowhead marker ids repeat: {ids}")
+        if n != len(slides.DIAGRAM_PARTS):
+            problems.append(f"{edition}: {n} slides, want {len(slides.DIAGRAM_PARTS)}")
+        words, boxes = "", 0
+        for k in range(n):
+            if k:
+                page.keyboard.press("ArrowRight")
+            r = page.evaluate("""() => { const s = document.querySelector('.slide.active');
+              const b = s.getBoundingClientRect();
+              const texts = [...s.querySelectorAll('svg text, svg rect')];
+              return {out: texts.filter(t => { const q = t.getBoundingClientRect();
+                        return q.left < b.left || q.right > b.right || q.top < b.top ||
+                               q.bottom > b.bottom; }).map(t => t.textContent),
+                      boxes: s.querySelectorAll('svg rect').length,
+                      words: [...s.querySelectorAll('svg text')].map(t => t.textContent)
+                        .join(' ')}; }""")
+            problems += [f"{edition} slide {k + 1}: outside the slide: {t}" for t in r["out"]]
+            words, boxes = words + " " + r["words"], boxes + r["boxes"]
+            page.keyboard.press("n")
+            if not page.evaluate("() => document.querySelector('.slide.active aside.notes')"
+                                 ".checkVisibility()"):
+                problems.append(f"{edition} slide {k + 1}: N does not show the speaker notes")
+            page.keyboard.press("n")
         first = {"en": "token id", "zh": "词元 id"}[edition]
-        if first not in r["words"] or len(load_diagram().nodes) > r["words"].count(" ") + 1:
-            problems.append(f"{edition}: labels {r['words'][:80]!r}")
-        page.keyboard.press("n")
-        if not page.evaluate("() => document.querySelector('.slide.active aside.notes')"
-                             ".checkVisibility()"):
-            problems.append(f"{edition}: N does not show the speaker notes")
-        page.keyboard.press("n")
+        parts = {node for _, grid in slides.DIAGRAM_PARTS for node in grid}
+        if first not in words or parts != set(load_diagram().nodes) or boxes < len(parts):
+            problems.append(f"{edition}: labels {words[:80]!r}, {boxes} boxes")
     assert not problems, "\n".join(problems)
+
+
+# Every element with text of its own, on every slide of every deck: its computed font size at
+# 1280 x 720 (an SVG text's scaled by the SVG), in CSS px of the slide (the deck scales a slide
+# to the window).
+TEXT_SIZES_JS = """() => { const s = document.querySelector('.slide.active');
+  const k = s.getBoundingClientRect().width / 1280, out = [];
+  for (const e of s.querySelectorAll('*')) {
+    const own = [...e.childNodes].some(n => n.nodeType === 3 && n.textContent.trim());
+    if (!own || !e.checkVisibility()) continue;
+    let px = parseFloat(getComputedStyle(e).fontSize);
+    if (e.closest('svg')) { const m = e.getScreenCTM(); px *= m ? Math.hypot(m.a, m.b) : 1; }
+    out.push([px / k, e.tagName.toLowerCase(), e.textContent.trim().slice(0, 40)]);
+  }
+  return out; }"""
+
+
+def text_sizes(page, path: Path) -> list[tuple[int, float, str, str]]:
+    """(slide number, px, tag, text) of every text element of the deck at ``path``."""
+    page.set_viewport_size({"width": slides.WIDTH, "height": slides.HEIGHT})
+    page.goto(path.as_uri(), wait_until="load")
+    page.wait_for_function("() => window.tokenflowDeck !== undefined")
+    out = []
+    for k in range(page.evaluate("() => window.tokenflowDeck.count")):
+        if k:
+            page.keyboard.press("ArrowRight")
+        out += [(k + 1, *t) for t in page.evaluate(TEXT_SIZES_JS)]
+    return out
+
+
+@pytest.mark.parametrize("deck", ["diagram", *[c[:2] for c in CHAPTERS]])
+def test_no_text_under_body_size(page, book_html_dir, zh_html_dir, deck):
+    """Projected at 1280 x 720, no text on any slide of the deck (both editions) is smaller
+    than the body size, slides.MIN_TEXT_PX (24 px; 5 % for rounding). The decks whose
+    tables shrink to fit are known failures, named here with their smallest size."""
+    small = []
+    for edition, folder in (("en", book_html_dir), ("zh", zh_html_dir)):
+        sizes = text_sizes(page, folder / "slides" / f"{deck}.html")
+        assert len(sizes) >= 5, (edition, deck)
+        small += [f"{edition} slide {k}: {px:.1f} px <{tag}> {text!r}"
+                  for k, px, tag, text in sizes if px < 0.95 * slides.MIN_TEXT_PX]
+    if small and deck in SHRINKING_TABLES:
+        pytest.xfail(f"{len(small)} texts under body size (tables shrunk to fit): {small[0]}")
+    assert not small, "\n".join(small)
+
+
+# chapters whose tables (or a code line) are set smaller to fit a slide: to split over slides
+SHRINKING_TABLES = {"00", "03", "05", "07", "09"}
 
 
 def test_kit_without_a_browser():

@@ -146,3 +146,115 @@ def test_zh_participant_notebooks(tmp_path):
         assert "`# your answer` 单元格里" in text, path.name
     with pytest.raises(ValueError, match="lang must be one of"):
         participant_notebooks.participant({"cells": []}, lang="fr")
+
+
+def _relative_links(nb: dict) -> list[str]:
+    """The relative link targets (no URL, no #anchor, no absolute path) of ``nb``'s markdown,
+    without their #anchor."""
+    out = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            for _, target in zh_notebooks.LINK.findall("".join(cell["source"])):
+                if not re.match(r"[a-zA-Z][\w+.-]*:|#|/", target):
+                    out.append(target.partition("#")[0])
+    return out
+
+
+def _unresolved(nb: dict, folder: Path) -> list[str]:
+    return [t for t in _relative_links(nb) if not (folder / t).exists()]
+
+
+def test_every_relative_link_resolves_in_the_english_and_generated_chinese_notebooks():
+    """From notebooks/ (English) and from notebooks/zh/ (the Chinese notebooks as `make
+    zh-notebooks` writes them now), every relative link reaches a file: the book's pages one
+    folder further up from zh/, the other chapters beside them."""
+    n = 0
+    for path in CHAPTERS:
+        en = json.loads(path.read_text(encoding="utf-8"))
+        zh, _ = zh_notebooks.generate(path)
+        assert _unresolved(en, path.parent) == [], path.name
+        assert _unresolved(zh, zh_notebooks.ZH) == [], path.name
+        chapters = [t for t in _relative_links(zh) if t.endswith(".ipynb")]
+        assert all((zh_notebooks.ZH / t).resolve().parent == zh_notebooks.ZH.resolve()
+                   for t in chapters), chapters   # the Chinese chapters, not the English
+        assert len(_relative_links(zh)) == len(_relative_links(en)), path.name
+        n += len(_relative_links(zh))
+    assert n >= 20   # the chapters link the references, glossary, benchmarks and each other
+
+
+def test_every_relative_link_resolves_in_the_stored_chinese_notebooks():
+    """The stored notebooks/zh/ files (fails until `make zh-notebooks` after a link change)."""
+    for path in sorted(zh_notebooks.ZH.glob("[0-9][0-9]_*.ipynb")):
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        assert _unresolved(nb, path.parent) == [], path.name
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_every_relative_link_resolves_in_the_participant_notebooks(tmp_path, lang):
+    """`make participant` (both languages), written anywhere: its links still reach the book
+    and the other chapters. The Chinese ones are made from the in-memory Chinese notebooks, so
+    this does not depend on notebooks/zh/ being current."""
+    dest = tmp_path / "deep" / "participant"
+    if lang == "zh":
+        (tmp_path / "zh").mkdir()
+        sources = []
+        for path in CHAPTERS:
+            target = tmp_path / "zh" / path.name
+            target.write_text(json.dumps(zh_notebooks.zh_notebook(
+                json.loads(path.read_text(encoding="utf-8")),
+                zh_notebooks.read_catalog(zh_notebooks.LOCALE / f"{path.stem}.po"))[0]))
+            sources.append(target)
+        # as if notebooks/zh/: the links were written for that folder
+        for path in sources:
+            nb = json.loads(path.read_text())
+            for cell in nb["cells"]:
+                if cell["cell_type"] == "markdown":
+                    cell["source"] = zh_notebooks.rebase_links(
+                        "".join(cell["source"]), zh_notebooks.ZH, path.parent)
+            path.write_text(json.dumps(nb))
+    else:
+        sources = CHAPTERS
+    written = participant_notebooks.write_all(dest, notebooks=sources, lang=lang)
+    links = 0
+    for path in written:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        assert _unresolved(nb, dest) == [], path.name
+        links += len(_relative_links(nb))
+    assert links >= 20
+
+
+def test_rebase_links_moves_only_links_out_of_the_folder(tmp_path):
+    """Out-of-folder targets move, with their #anchor; in-folder targets, URLs, anchors and
+    absolute paths stay; the Chinese book moves them back to the page's folder."""
+    nbs, zh = tmp_path / "notebooks", tmp_path / "notebooks" / "zh"
+    text = ('[a](../book/references.md#kv) [b](02_x.ipynb) [c](https://x.org/a.md) '
+            '[d](#top) ![e](../_static/f.png "t") <img src="../img/g.png"> [h](./sub/i.md)')
+    moved = zh_notebooks.rebase_links(text, nbs, zh)
+    assert moved == ('[a](../../book/references.md#kv) [b](02_x.ipynb) [c](https://x.org/a.md) '
+                     '[d](#top) ![e](../../_static/f.png "t") <img src="../../img/g.png"> '
+                     '[h](./sub/i.md)')
+    assert zh_notebooks.rebase_links(moved, zh, nbs) == text
+    i18n = _script("tokenflow_i18n")
+    zh.mkdir(parents=True)
+    for name in ("book/references.md", "_static/f.png", "img/g.png"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    page = {"cells": [{"cell_type": "markdown", "source": [moved]},
+                      {"cell_type": "code", "source": ["x = '](../../keep)'"]}]}
+    back = json.loads(i18n._links_from_notebooks(json.dumps(page), zh, nbs))
+    assert back["cells"][0]["source"].startswith("[a](../book/references.md#kv) [b](02_x.ipynb)")
+    assert back["cells"][1]["source"] == ["x = '](../../keep)'"]
+    stale = {"cells": [{"cell_type": "markdown", "source": ["[a](../book/references.md)"]}]}
+    assert json.loads(i18n._links_from_notebooks(json.dumps(stale), zh, nbs))["cells"][0][
+        "source"] == "[a](../book/references.md)"     # written before the move: it stays
+    # as the zh_CN build reads the page notebooks/02_x from notebooks/zh/02_x.ipynb
+    zh.mkdir(parents=True, exist_ok=True)
+    (zh / "02_x.ipynb").write_text(json.dumps(page), encoding="utf-8")
+    from types import SimpleNamespace
+    app = SimpleNamespace(srcdir=str(tmp_path),
+                          env=SimpleNamespace(note_dependency=lambda path: None),
+                          config=SimpleNamespace(language="zh_CN",
+                                                 tokenflow_editions=i18n.DEFAULT_EDITIONS))
+    source = ["English"]
+    i18n._chinese_notebook(app, "notebooks/02_x", source)
+    assert json.loads(source[0])["cells"][0]["source"] == back["cells"][0]["source"]

@@ -253,11 +253,12 @@ def diagram_trace_table(trace: Trace, diagram: Diagram | None = None,
         ValueError: as :func:`node_of`, for an action with no node.
     """
     d = diagram or load_diagram()
-    rows = [("#", "diagram node", "layer", "action", "in shape", "out shape", "bytes")]
+    rows = [tuple(tr(h) for h in ("#", "diagram node", "layer", "action", "in shape",
+                                  "out shape", "bytes"))]
     for i, e in enumerate(trace.events):
         if layers is not None and _layer(e.where) not in ("-", *map(str, layers)):
             continue
-        rows.append((str(i), d.name(node_of(e)), _layer(e.where), e.action,
+        rows.append((str(i), tr(d.name(node_of(e))), _layer(e.where), tr(e.action),
                      str(list(e.in_shape)), str(list(e.out_shape)), f"{e.nbytes:,}"))
     widths = [max(display_width(r[c]) for r in rows) for c in range(len(rows[0]))]
     right = {0, 2, 6}

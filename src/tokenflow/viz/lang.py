@@ -5,7 +5,8 @@ Chinese notebooks (``notebooks/zh/``, written by ``scripts/zh_notebooks.py``).
 each English string up in ``data/outputs_zh.json``; numbers, code and names stay as they are.
 An entry is either a whole string (``"what it does"``) or a template whose ``{}`` stand for
 any text (``"{} tokens"``), its translation naming them ``{0}``, ``{1}``, ... in the order they
-appear in the English; a string with no entry stays English. :func:`tr` is the one lookup:
+appear in the English; where several templates match, the one with the most fixed text wins;
+a string with no entry stays English. :func:`tr` is the one lookup:
 :func:`~tokenflow.viz.fmt.say` (the "what you can now say" sentences), table headers and
 titles, the explorers' titles and notes, the diagram's labels, and every text matplotlib draws
 (titles, axis labels, legends, annotations: each is looked up as it is drawn).
@@ -47,8 +48,10 @@ def _catalog(path: Path = CATALOG) -> tuple[dict, list]:
     """(whole strings, [(compiled template, translation)]) of the Chinese catalog."""
     entries = json.loads(path.read_text(encoding="utf-8"))["messages"]
     exact = {k: v for k, v in entries.items() if "{}" not in k}
-    templates = [(re.compile("(.+?)".join(map(re.escape, k.split("{}"))), re.S), v)
-                 for k, v in entries.items() if "{}" in k]
+    # the most specific first: "layer {}, head {}" before "layer {}"
+    keys = sorted((k for k in entries if "{}" in k), key=lambda k: -len(k.replace("{}", "")))
+    templates = [(re.compile("(.+?)".join(map(re.escape, k.split("{}"))), re.S), entries[k])
+                 for k in keys]
     return exact, templates
 
 
