@@ -214,3 +214,24 @@ def test_roofline_summary_charges_attention_at_bf16_like_chapter_7s_table():
     r = roofline(ds, fp8, phase="decode", batch=88, context_len=4989)
     assert s["compute_s"] == pytest.approx(r["compute_s"], rel=1e-12)
     assert s["attention_dtype"] == "bf16" and "attention bf16" in roofline_table(s).title
+
+
+def test_lens_bars_legend_is_unambiguous_and_clear_of_the_axis_label():
+    """The numbered narrow segments each get their own colour in the legend, and the legend
+    sits below the x-axis label, not over it."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from tokenflow.viz.roofline import lens_bars
+    pipeline = {"request queue": 0.002, "prefill": 0.05, "KV cache": 0.004,
+                "decode loop": 0.2, "sampling": 0.003, "response": 0.001}
+    blocks = {"embedding": 0.002, "attention": 0.08, "FFN / MoE": 0.12, "norm": 0.01,
+              "LM head": 0.03, "other": 0.018}
+    fig = lens_bars(pipeline, blocks)
+    legend = fig.legends[0] if fig.legends else fig.axes[0].get_legend()
+    colours = [tuple(h.get_facecolor()) for h in legend.legend_handles]
+    assert len(set(colours)) == len(colours) == 8
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    label = fig.axes[0].xaxis.label.get_window_extent(r)
+    box = legend.get_window_extent(r)
+    assert box.y1 <= label.y0, (box, label)

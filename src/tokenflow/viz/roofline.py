@@ -17,7 +17,7 @@ _LENS_COLOURS = {
     "request queue": "#9e9e9e", "prefill": COLORS["hidden"], "KV cache": "#8fb8ee",
     "decode loop": COLORS["token"], "sampling": "#1b6b2d", "response": "#b7d9bf",
     "embedding": "#1f4f99", "attention": COLORS["hidden"], "FFN / MoE": COLORS["moe"],
-    "norm": "#8fb8ee", "LM head": COLORS["token"], "other": "#dddddd"}
+    "norm": "#cfe0f7", "LM head": COLORS["token"], "other": "#dddddd"}
 
 
 def lens_bars(pipeline: dict, blocks: dict, title: str = ""):
@@ -34,7 +34,7 @@ def lens_bars(pipeline: dict, blocks: dict, title: str = ""):
         if not lens or min(lens.values()) < 0:
             raise ValueError(f"{name} must map at least one part to seconds >= 0")
     from matplotlib.patches import Patch
-    fig, ax = plt.subplots(figsize=column_figsize(9.5, 3.3))
+    fig, ax = plt.subplots(figsize=column_figsize(9.5, 4.4))
     total = max(sum(pipeline.values()), sum(blocks.values())) * 1e3
     keyed = []                                  # segments too narrow for their label: numbered
     for y, lens in ((1, pipeline), (0, blocks)):
@@ -51,17 +51,17 @@ def lens_bars(pipeline: dict, blocks: dict, title: str = ""):
                 ax.text(left + ms / 2, y + 0.32, str(len(keyed)), ha="center", va="bottom",
                         fontsize=MIN_FONT_PT)
             left += ms
+    rows = (len(keyed) + 1) // 2                # legend rows under the x-axis label
     if keyed:
-        ax.legend([Patch(color=c) for _, _, c in keyed],
-                  [f"{i}: {part} {ms:.0f} ms" for i, (part, ms, _) in enumerate(keyed, 1)],
-                  fontsize=MIN_FONT_PT, loc="upper center", bbox_to_anchor=(0.5, -0.32),
-                  ncol=2, frameon=False)
+        fig.legend([Patch(color=c) for _, _, c in keyed],
+                   [f"{i}: {part} {ms:.0f} ms" for i, (part, ms, _) in enumerate(keyed, 1)],
+                   fontsize=MIN_FONT_PT, loc="lower center", ncol=2, frameon=False)
     ax.set_yticks([1, 0], ["pipeline lens", "block lens"])
     ax.set_xlabel("milliseconds of engine step time (the same steps in both bars)")
     ax.set_xlim(0, total * 1.01)
     ax.set_ylim(-0.45, 1.65)
     ax.set_title(title or "one engine run, two lenses")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, min(0.06 * rows, 0.45), 1, 1))
     return fig
 
 
