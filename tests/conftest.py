@@ -17,11 +17,17 @@ torch.set_num_threads(1)
 # whole files, the next one whenever it has fewer than two queued, so a long file handed out
 # last runs alone at the end while the other worker idles. The Chinese browser test goes first
 # (it waits for the zh build, the longest), the English one second (its worker builds the
-# English edition meanwhile), then the other files that build or run subprocesses, then the
-# notebooks (nbval), then everything else in collection order. Add a file here when it becomes
-# one of the slowest (``--durations=40``).
-SLOW_FIRST = ("tests/test_browser_zh.py", "tests/test_browser.py", "tests/test_i18n.py",
-              "tests/test_book.py", "tests/test_nbval_sanitize.py", "tests/test_expert_parallel.py")
+# English edition meanwhile), then the other files that open a browser, build or run
+# subprocesses, longest first (CPU seconds measured per file, Chromium's included: browser
+# 130, browser_zh 112, nbval_sanitize 32, lab 24, workshop 20, slides 18, glyphs 16, i18n 15,
+# browser_model_page 11), then the notebooks (nbval), then everything else in collection
+# order (each under 5 s). Add a file here when it becomes one of the slowest
+# (``--durations=40``).
+SLOW_FIRST = ("tests/test_browser_zh.py", "tests/test_browser.py", "tests/test_nbval_sanitize.py",
+              "tests/test_lab.py", "tests/test_workshop.py", "tests/test_slides.py",
+              "tests/test_browser_glyphs.py", "tests/test_i18n.py",
+              "tests/test_browser_model_page.py", "tests/test_book.py",
+              "tests/test_expert_parallel.py", "tests/test_model_page.py")
 
 
 # [P1] nbval re-runs every notebook in a kernel whose CPU code paths differ from the ones that

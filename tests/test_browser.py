@@ -163,22 +163,73 @@ def _explore_ok(moves) -> list[str]:
             if not (m["shown"] and len(m["before"]) == 1 and m["after"] != m["before"])]
 
 
-def check_page(tab: Tab, base: str, path: str) -> dict:
-    """All checks of one page at 1280 px (+ the 390 px screenshot); returns its counts and
-    the list of problems found."""
+GLYPHS_JS = (Path(__file__).with_name("glyphs.js")).read_text(encoding="utf-8")
+
+# Every figure of a page: its intended CSS width (the width matplotlib drew it at, at figure.dpi
+# 120: the inline style myst-nb writes, or half the retina PNG's pixels) and its displayed width.
+FIGURES_JS = """() => [...document.querySelectorAll('.bd-article img')]
+  .filter(i => i.naturalWidth > 0 && /\\.png|image\\/png/.test(i.src)
+               && i.getClientRects().length > 0)      // shown (not an explorer's other setting)
+  .map(i => ({src: i.getAttribute('src').slice(-24),
+              natural: parseFloat(i.style.width) || i.naturalWidth / 2,
+              shown: i.getBoundingClientRect().width,
+              column: i.closest('.bd-article').getBoundingClientRect().width}))"""
+
+
+def no_web_font(page) -> None:
+    """With $TOKENFLOW_NO_WEB_FONT set, the book's web font stylesheet answers empty and the
+    slides' inline @font-face rules are dropped: what a build without the fonts shows (the
+    glyph checks then fail on every page with Chinese)."""
+    import os
+    if os.environ.get("TOKENFLOW_NO_WEB_FONT"):
+        page.route("**/tokenflow-zh-font.css*",
+                   lambda r: r.fulfill(body="", content_type="text/css"))
+        page.add_init_script("""document.addEventListener('DOMContentLoaded', () => {
+            for (const s of document.querySelectorAll('style'))
+              s.textContent = s.textContent.replace(/@font-face\\s*{[^}]*}/g, '');
+            });""")
+
+
+def read_page(tab: Tab, base: str, path: str, shots: bool = True,
+              solutions: bool = False) -> dict:
+    """Everything the tests of this file check on one page, read in one load (a page load is
+    most of a check's CPU time), in an order where no step changes what a later one reads:
+
+    at 1280 px :data:`CHECKS_JS`, the glyphs (tests/glyphs.js), the figures' sizes, the
+    full-page screenshot; at 390 px (no transitions) the figures' sizes again; at 1280 px every
+    explorer control moved (:data:`EXPLORE_JS`); at 390 px the sideways scroll and the
+    screenshot; the page's log up to there; with ``solutions``, back at 1280 px, each
+    solution's state before and after a click on its toggle (:data:`SOLUTIONS_JS`)."""
     page, log = tab.open(base, path)
-    r = page.evaluate(CHECKS_JS, BOXES)
+    out = {"checks": page.evaluate(CHECKS_JS, BOXES), "glyphs": page.evaluate(GLYPHS_JS),
+           "figures": page.evaluate(FIGURES_JS)}
     name = path.replace("/", "__").removesuffix(".html")
-    page.screenshot(path=str(SHOTS / f"{name}-1280.jpg"), full_page=True, quality=70)
-    moves = page.evaluate(EXPLORE_JS)
+    if shots:
+        page.screenshot(path=str(SHOTS / f"{name}-1280.jpg"), full_page=True, quality=70)
     # the same page reflowed for a phone; no transitions, so the sidebars are gone at once
     page.add_style_tag(content="*, *::before, *::after {transition: none !important}")
     page.set_viewport_size({"width": 390, "height": 900})
-    phone_overflow = page.evaluate("() => document.scrollingElement.scrollWidth - innerWidth")
-    page.screenshot(path=str(SHOTS / f"{name}-390.jpg"), full_page=True, quality=70)
+    out["figures_phone"] = page.evaluate(FIGURES_JS)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    out["moves"] = page.evaluate(EXPLORE_JS)
+    page.set_viewport_size({"width": 390, "height": 900})
+    out["phone_overflow"] = page.evaluate(
+        "() => document.scrollingElement.scrollWidth - innerWidth")
+    if shots:
+        page.screenshot(path=str(SHOTS / f"{name}-390.jpg"), full_page=True, quality=70)
+    out["log"] = {k: list(v) for k, v in log.items()}
+    if solutions:
+        page.set_viewport_size({"width": 1280, "height": 900})
+        out["solutions"] = read_solutions(page)
+    return out
+
+
+def page_problems(res: dict) -> list[str]:
+    """The problems :func:`read_page` found that :func:`test_every_page_in_chromium` reports."""
+    r, log, phone_overflow = res["checks"], res["log"], res["phone_overflow"]
     problems = log["errors"] + [f"blocked {u}" for u in log["blocked"]]
     problems += [f"image not loaded: {u}" for u in r["broken"]]
-    problems += [f"clipped: {c}" for c in r["clipped"]] + _explore_ok(moves)
+    problems += [f"clipped: {c}" for c in r["clipped"]] + _explore_ok(res["moves"])
     if r["page_overflow"] > 1:
         problems.append(f"page scrolls sideways by {r['page_overflow']} px at 1280 px")
     if phone_overflow > 1:
@@ -190,18 +241,40 @@ def check_page(tab: Tab, base: str, path: str) -> dict:
     missing = want - set(r["nav"])
     if missing:
         problems.append(f"sidebar misses {sorted(missing)}")
-    return {"images": r["images"], "sliders_moved": len(moves), "equations": r["equations"],
-            "console_errors": len(log["errors"]), "phone_overflow": phone_overflow,
-            "problems": problems}
+    return problems
 
 
-def test_every_page_in_chromium(tab, server):
+def glyph_problems(walked: dict, prefix: str = "") -> tuple[list[str], int]:
+    """The characters drawn as the missing-glyph box on the pages read, at most 8 per page,
+    and how many (character, font) pairs were drawn."""
+    problems, checked = [], 0
+    for path, res in walked.items():
+        r = res["glyphs"]
+        checked += r["checked"]
+        problems += [f"{prefix}{path}: {m}" for m in r["missing"][:8]]
+        if len(r["missing"]) > 8:
+            problems.append(f"{prefix}{path}: ... {len(r['missing']) - 8} more")
+    return problems, checked
+
+
+@pytest.fixture(scope="module")
+def walked(tab, server) -> dict:
+    """Every page of _toc.yml read once (:func:`read_page`), for the tests below: page ->
+    what was read."""
+    no_web_font(tab.page)
     SHOTS.mkdir(parents=True, exist_ok=True)
+    return {f: read_page(tab, server, f + ".html", solutions=f.startswith("notebooks/"))
+            for f in toc_pages()}
+
+
+def test_every_page_in_chromium(walked):
     report, problems = {}, []
-    for f in toc_pages():
-        res = check_page(tab, server, f + ".html")
-        report[f] = res
-        problems += [f"{f}: {p}" for p in res.pop("problems")]
+    for f, res in walked.items():
+        r = res["checks"]
+        report[f] = {"images": r["images"], "sliders_moved": len(res["moves"]),
+                     "equations": r["equations"], "console_errors": len(res["log"]["errors"]),
+                     "phone_overflow": res["phone_overflow"]}
+        problems += [f"{f}: {p}" for p in page_problems(res)]
     print("\npage                              images  sliders moved  equations  console errors"
           "  sideways px at 390")
     for f, r in report.items():
@@ -209,6 +282,40 @@ def test_every_page_in_chromium(tab, server):
               f"{r['console_errors']:>16}{r['phone_overflow']:>20}")
     print(f"screenshots: {SHOTS}")
     assert not problems, "\n".join(problems)
+
+
+def test_no_character_is_drawn_as_a_box(walked):
+    """No Chinese character or emoji of an English page is drawn as the missing-glyph box
+    (tests/test_browser_glyphs.py says how it is measured; the Chinese pages:
+    tests/test_browser_zh.py)."""
+    problems, checked = glyph_problems(walked)
+    print(f"\n{len(walked)} pages, {checked} (character, font) pairs drawn")
+    assert checked > 100, "the pages show Chinese characters: the walk found too few"
+    assert not problems, "\n".join(problems)
+
+
+def test_figures_are_shown_at_their_reading_size(walked):
+    """Every figure of the English edition (the Chinese pages show the same PNGs) is drawn for
+    the column: at 1280 px it is shown at its natural size (at least 97 % of it), so its text,
+    which matplotlib was given at tokenflow.viz.style.MIN_FONT_PT or more
+    (tests/test_viz_figure_text.py), is at body size (10 pt at 120 px per inch: 16.7 px); at
+    390 px (a phone) the same text is still at least 7 px high."""
+    from tokenflow.viz.style import MIN_FONT_PT
+    text_px = MIN_FONT_PT / 72 * 120
+    small, phone, count = [], [], 0
+    for f, res in walked.items():
+        for fig in res["figures"]:
+            count += 1
+            if fig["shown"] < 0.97 * fig["natural"]:
+                small.append(f"{f}: {fig['src']} {fig['natural']:.0f} px shown at "
+                             f"{fig['shown']:.0f} px in a {fig['column']:.0f} px column")
+        for fig in res["figures_phone"]:
+            px = text_px * fig["shown"] / fig["natural"]
+            if px < 7:
+                phone.append(f"{f}: {fig['src']} text {px:.1f} px at 390 px")
+    print(f"\n{count} figures; at 1280 px {count - len(small)} at natural size")
+    assert count > 25, count                       # 35 figures shown at their first setting
+    assert not small + phone, "\n".join(small + phone)
 
 
 def test_explorer_works_in_chromium(tab, tmp_path):
@@ -270,38 +377,44 @@ SOLUTIONS_JS = """() => {
 }"""
 
 
-def test_solutions_hidden_until_opened(tab, server):
+def read_solutions(page) -> dict:
+    """The page's solution cells before and after a click on each toggle, and how many prose
+    solution dropdowns are open on load (for :func:`test_solutions_hidden_until_opened`)."""
+    before = page.evaluate(SOLUTIONS_JS)
+    open_prose = page.evaluate("() => [...document.querySelectorAll('details.sd-dropdown')]"
+                               ".filter(d => d.open).length")
+    for summary in page.query_selector_all(".cell.tag_solution > details > summary"):
+        summary.click()
+    try:  # (myst-nb fades the opened content in)
+        page.wait_for_function(
+            f"() => ({SOLUTIONS_JS})().every(s => s.shown === 2 * s.outputs)", timeout=5_000
+        )
+    except Exception:
+        pass
+    return {"before": before, "open_prose": open_prose, "after": page.evaluate(SOLUTIONS_JS)}
+
+
+def test_solutions_hidden_until_opened(walked):
     """In every chapter, no solution's code or output takes space on the page before its toggle
     is opened (the prose dropdown before it stays closed too); after a click on each toggle
     its code and its output are shown."""
     import json
     problems, counts = [], {}
-    for f in toc_pages():
+    for f, res in walked.items():
         if not f.startswith("notebooks/"):
             continue
         nb = json.loads((ROOT / f"{f}.ipynb").read_text(encoding="utf-8"))
         want = sum("solution" in c.get("metadata", {}).get("tags", []) for c in nb["cells"]
                    if c["cell_type"] == "code")
-        page, _ = tab.open(server, f + ".html")
-        before = page.evaluate(SOLUTIONS_JS)
+        before, after = res["solutions"]["before"], res["solutions"]["after"]
         if len(before) != want or not all(s["outputs"] for s in before):
             problems.append(f"{f}: {len(before)} solution cells with outputs "
                             f"{[s['outputs'] for s in before]}, the notebook has {want}")
         problems += [f"{f}: solution {i + 1} shown before opening: {s['text']!r}"
                      for i, s in enumerate(before) if s["shown"]]
-        open_prose = page.evaluate("() => [...document.querySelectorAll('details.sd-dropdown')]"
-                                   ".filter(d => d.open).length")
-        if open_prose:
-            problems.append(f"{f}: {open_prose} solution dropdowns open on load")
-        for summary in page.query_selector_all(".cell.tag_solution > details > summary"):
-            summary.click()
-        try:  # (myst-nb fades the opened content in)
-            page.wait_for_function(
-                f"() => ({SOLUTIONS_JS})().every(s => s.shown === 2 * s.outputs)", timeout=5_000
-            )
-        except Exception:
-            pass
-        after = page.evaluate(SOLUTIONS_JS)
+        if res["solutions"]["open_prose"]:
+            problems.append(f"{f}: {res['solutions']['open_prose']} solution dropdowns open "
+                            f"on load")
         problems += [f"{f}: solution {i + 1} still hidden after opening"
                      for i, s in enumerate(after) if s["shown"] != 2 * s["outputs"]]
         counts[f] = len(before)
@@ -315,9 +428,11 @@ def test_solutions_hidden_until_opened(tab, server):
 
 
 
-def pdf_report(path: Path) -> dict:
-    """What a printed book holds (pypdf): its pages, outline titles, text, and fonts with
-    whether each is embedded."""
+def pdf_report(path: Path, words: tuple[str, ...] = ()) -> dict:
+    """What a printed book holds (pypdf): its pages, outline titles, fonts with whether each is
+    embedded, and ``missing``: those of ``words`` its text lacks (whitespace runs read as one
+    space; the pages' text is extracted in order only until every word is found, text
+    extraction being most of the CPU time)."""
     from pypdf import PdfReader
     reader = PdfReader(path)
     fonts = {}
@@ -333,8 +448,15 @@ def pdf_report(path: Path) -> dict:
             embedded = font.get("/Subtype") == "/Type3" or any(
                 k in desc for k in ("/FontFile", "/FontFile2", "/FontFile3"))
             fonts[name] = fonts.get(name, True) and embedded
+    text, missing = "", list(words)
+    for pg in reader.pages:
+        if not missing:
+            break
+        text += pg.extract_text() or ""
+        flat = " ".join(text.split())
+        missing = [w for w in missing if w not in flat]
     return {"pages": len(reader.pages), "outline": [o.title for o in reader.outline],
-            "text": "".join(pg.extract_text() or "" for pg in reader.pages), "fonts": fonts}
+            "fonts": fonts, "missing": missing}
 
 
 def test_pages_print_on_a4(browser, book_html_dir):
@@ -348,12 +470,12 @@ def test_pages_print_on_a4(browser, book_html_dir):
     print("A4 pages:", result["pages"], "total", sum(result["pages"].values()))
     assert not result["problems"], "\n".join(result["problems"])
     assert list(result["pages"]) == toc_pages() and all(n >= 1 for n in result["pages"].values())
-    report = pdf_report(out)
+    report = pdf_report(out, ("北京是中国的首", "Attention and the KV cache",
+                              "licensed under CC BY 4.0"))
     assert report["pages"] == sum(result["pages"].values())
     assert len(report["outline"]) == len(toc_pages())
     assert report["fonts"] and all(report["fonts"].values()), report["fonts"]
-    for words in ("北京是中国的首", "Attention and the KV cache", "licensed under CC BY 4.0"):
-        assert words in " ".join(report["text"].split()), words
+    assert not report["missing"], report["missing"]
 
 
 def model_page_in_book(tab, base: str, path: str) -> dict:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from test_browser import (BOXES, CHECKS_JS, EXPLORE_JS, ROOT, _explore_ok, book_pdf,  # noqa: F401
-                          pdf_report, serve, tab, toc_pages)
+from test_browser import (BOXES, CHECKS_JS, EXPLORE_JS, GLYPHS_JS, ROOT,  # noqa: F401
+                          _explore_ok, book_pdf, glyph_problems, no_web_font, pdf_report, serve,
+                          tab, toc_pages)
 
 
 @pytest.fixture(scope="module")
@@ -16,20 +17,20 @@ def server(book_html_dir, zh_html_dir):
     yield from serve(book_html_dir)
 
 
-def test_every_chinese_page_in_chromium(tab, server, zh_html_dir):
-    """The Chinese edition (built into zh/ of the served English build): every page has no
-    console errors or blocked requests, loads its images, typesets its math, moves its
-    explorers, and its language switch opens the same page of the English edition (the
-    English page answers 200; tests/test_browser.py checks what it shows); searching for 首都
-    finds pages (jieba segments the Chinese index)."""
-    problems, counts = [], {"pages": 0, "sliders_moved": 0, "equations": 0}
+@pytest.fixture(scope="module")
+def walked(tab, server, zh_html_dir) -> dict:
+    """Every page of the Chinese edition read once, for the tests below: page -> its checks
+    (CHECKS_JS), glyphs (tests/glyphs.js, read first), explorer moves, the problems of its
+    language switch and its log up to the switch."""
+    no_web_font(tab.page)
+    walked = {}
     for f in toc_pages():
         page, log = tab.open(server, f"zh/{f}.html")
-        r = page.evaluate(CHECKS_JS, BOXES)
-        moves = page.evaluate(EXPLORE_JS)
+        res = {"glyphs": page.evaluate(GLYPHS_JS), "checks": page.evaluate(CHECKS_JS, BOXES),
+               "moves": page.evaluate(EXPLORE_JS), "switch": []}
         switch = page.locator("a.tokenflow-language-switch")
         if switch.count() != 1:
-            problems.append(f"zh/{f}: {switch.count()} language switches")
+            res["switch"].append(f"{switch.count()} language switches")
         else:
             # up to the English page's response, not its whole load (which the English
             # browser test pays for and checks)
@@ -37,13 +38,26 @@ def test_every_chinese_page_in_chromium(tab, server, zh_html_dir):
                 switch.click()
             status = nav.value.status if nav.value else None
             if status != 200 or not page.url.endswith(f"/{f}.html") or "/zh/" in page.url:
-                problems.append(f"zh/{f}: switch went to {page.url} (HTTP {status})")
-        errors = log["errors"] + log["blocked"]   # up to the switch (the tab moves on)
-        problems += [f"zh/{f}: {e}" for e in errors]
-        problems += [f"zh/{f}: image not loaded: {u}" for u in r["broken"]]
-        problems += [f"zh/{f}: {p}" for p in _explore_ok(moves)]
+                res["switch"].append(f"switch went to {page.url} (HTTP {status})")
+        res["errors"] = log["errors"] + log["blocked"]   # up to the switch (the tab moves on)
+        walked[f"zh/{f}"] = res
+    return walked
+
+
+def test_every_chinese_page_in_chromium(walked, tab, server):
+    """The Chinese edition (built into zh/ of the served English build): every page has no
+    console errors or blocked requests, loads its images, typesets its math, moves its
+    explorers, and its language switch opens the same page of the English edition (the
+    English page answers 200; tests/test_browser.py checks what it shows); searching for 首都
+    finds pages (jieba segments the Chinese index)."""
+    problems, counts = [], {"pages": 0, "sliders_moved": 0, "equations": 0}
+    for f, res in walked.items():
+        r, moves = res["checks"], res["moves"]
+        problems += [f"{f}: {e}" for e in res["switch"] + res["errors"]]
+        problems += [f"{f}: image not loaded: {u}" for u in r["broken"]]
+        problems += [f"{f}: {p}" for p in _explore_ok(moves)]
         if r["math_sources"] and (r["equations"] < r["math_sources"] or r["math_errors"]):
-            problems.append(f"zh/{f}: math {r['equations']} of {r['math_sources']} typeset")
+            problems.append(f"{f}: math {r['equations']} of {r['math_sources']} typeset")
         counts["pages"] += 1
         counts["sliders_moved"] += len(moves)
         counts["equations"] += r["equations"]
@@ -56,6 +70,15 @@ def test_every_chinese_page_in_chromium(tab, server, zh_html_dir):
     assert hits >= 3
 
 
+def test_no_chinese_page_character_is_drawn_as_a_box(walked):
+    """No character of a Chinese page is drawn as the missing-glyph box (tests/glyphs.js,
+    measured as tests/test_browser_glyphs.py says)."""
+    problems, checked = glyph_problems(walked)
+    print(f"\n{len(walked)} pages, {checked} (character, font) pairs drawn")
+    assert checked > 1000, "the pages show Chinese characters: the walk found too few"
+    assert not problems, "\n".join(problems)
+
+
 def test_the_chinese_book_prints_on_a4_with_its_glyphs(browser, zh_html_dir):
     """The Chinese edition printed whole, as `make pdf` does (scripts/book_pdf.py): every page
     fits A4 and prints no explorer control; the PDF embeds every font it uses and its text is
@@ -65,11 +88,10 @@ def test_the_chinese_book_prints_on_a4_with_its_glyphs(browser, zh_html_dir):
     result = book_pdf.print_edition(browser, zh_html_dir, out, toc_pages())
     print("zh A4 pages:", result["pages"], "total", sum(result["pages"].values()))
     assert not result["problems"], "\n".join(result["problems"])
-    report = pdf_report(out)
+    report = pdf_report(out, ("北京是中国的首", "词元", "注意力与 KV 缓存", "本书正文与插图"))
     assert len(report["outline"]) == len(toc_pages())
     assert report["fonts"] and all(report["fonts"].values()), report["fonts"]
-    for words in ("北京是中国的首", "词元", "注意力与 KV 缓存", "本书正文与插图"):
-        assert words in " ".join(report["text"].split()), words
+    assert not report["missing"], report["missing"]
 
 
 def test_the_chinese_chapter_7_model_page_speaks_chinese(tab, server, zh_html_dir):

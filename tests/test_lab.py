@@ -17,7 +17,8 @@ Opening a chapter in JupyterLab takes several seconds (about 17 s for chapter 1,
 start included, on two busy cores), so by default the test reads chapter 1 (both kinds of
 explorer control, live widgets, both kinds of solution); $TOKENFLOW_LAB_CHAPTERS=all reads
 every chapter (about 1 minute, and about 3 more for Run All, on two cores), or a list such as
-``02,05``. Each chapter opens in a reset workspace (``?reset``): no earlier chapter is restored.
+``02,05``. Each chapter opens once, in a reset workspace (``?reset``: no earlier chapter is
+restored); it is read, then run with Run All in the same tab.
 $TOKENFLOW_LAB_NOTEBOOKS points it at another folder of notebooks (e.g. freshly executed copies).
 
 After Run All (JupyterLab's ``notebook:run-all-cells``, what the Run menu's "Run All Cells"
@@ -134,34 +135,21 @@ def _solution_texts(nb: dict) -> list[str]:
     return found
 
 
-def test_chapters_open_folded_without_dead_controls(browser, lab):
-    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = ctx.new_page()
+def test_chapters_open_folded_without_dead_controls(in_lab):
     problems, seen = [], {}
-    try:
-        for path in chapters():
-            nb = json.loads(path.read_text(encoding="utf-8"))
-            sol = [c for c in nb["cells"] if "solution" in c["metadata"].get("tags", [])]
-            sol_code = [c for c in sol if c["cell_type"] == "code"]
-            page.goto(f"{lab}lab/tree/{path.name}?reset", wait_until="load")
-            page.wait_for_function(
-                f"() => document.querySelectorAll('.jp-Notebook .jp-Cell').length >= "
-                f"{len(nb['cells'])} && document.querySelectorAll('.jp-OutputPlaceholder')"
-                f".length >= {len(sol_code)}", timeout=60_000)
-            page.wait_for_timeout(1500)          # outputs and widgets settle
-            r = page.evaluate(STATE_JS)
-            seen[path.stem] = (len(sol), r["inputs_folded"], r["outputs_folded"])
-            if r["inputs_folded"] < len(sol) or r["outputs_folded"] < len(sol_code):
-                problems.append(f"{path.stem}: {len(sol)} solution cells, {r['inputs_folded']} "
-                                f"inputs and {r['outputs_folded']} outputs folded")
-            problems += [f"{path.stem}: solution output on the page: {t!r}"
-                         for t in _solution_texts(nb) if t in r["text"]]
-            problems += [f"{path.stem}: dead control {c}" for c in r["controls"]]
-            if r["widget_errors"]:
-                problems.append(f"{path.stem}: {r['widget_errors']} 'Error displaying widget'")
-            page.goto("about:blank")
-    finally:
-        ctx.close()
+    for stem, run in in_lab.items():
+        nb, r = run["nb"], run["opened"]
+        sol = [c for c in nb["cells"] if "solution" in c["metadata"].get("tags", [])]
+        sol_code = [c for c in sol if c["cell_type"] == "code"]
+        seen[stem] = (len(sol), r["inputs_folded"], r["outputs_folded"])
+        if r["inputs_folded"] < len(sol) or r["outputs_folded"] < len(sol_code):
+            problems.append(f"{stem}: {len(sol)} solution cells, {r['inputs_folded']} "
+                            f"inputs and {r['outputs_folded']} outputs folded")
+        problems += [f"{stem}: solution output on the page: {t!r}"
+                     for t in _solution_texts(nb) if t in r["text"]]
+        problems += [f"{stem}: dead control {c}" for c in r["controls"]]
+        if r["widget_errors"]:
+            problems.append(f"{stem}: {r['widget_errors']} 'Error displaying widget'")
     print("solution cells / inputs folded / outputs folded:", seen)
     assert seen and len(seen) == len(chapters()) and not problems, "\n".join(problems)
 
@@ -231,40 +219,61 @@ def _explorers(nb: dict) -> dict[int, bool]:
 
 
 @pytest.fixture(scope="module")
-def ran_all(browser, lab) -> dict:
-    """Each chapter opened in JupyterLab and run with Run All, once for the tests below:
-    chapter stem -> (notebook, RUN_STATE_JS's result or a str saying where an unfinished Run
-    All stopped, seconds from opening to the result)."""
+def in_lab(browser, lab) -> dict:
+    """Each chapter opened once in JupyterLab (a reset workspace, untrusted, nothing run) for
+    every test of this file: chapter stem -> ``nb`` (the notebook), ``glyphs`` (tests/glyphs.js once
+    its markdown is drawn), ``opened`` (STATE_JS once they settled), and, run with Run All
+    in the same tab afterwards, ``ran`` (RUN_STATE_JS's result or a str saying where an
+    unfinished Run All stopped) and ``seconds`` (from opening to that result)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    states = {}
+    glyphs = (Path(__file__).with_name("glyphs.js")).read_text(encoding="utf-8")
+    runs = {}
     for path in chapters():
         nb = json.loads(path.read_text(encoding="utf-8"))
         n_code = sum(c["cell_type"] == "code" and "".join(c["source"]).strip() != ""
                      for c in nb["cells"])
+        sol_code = [c for c in nb["cells"] if c["cell_type"] == "code"
+                    and "solution" in c["metadata"].get("tags", [])]
         ctx = browser.new_context(viewport={"width": 1280, "height": 900})
         page = ctx.new_page()
         try:
             start = time.monotonic()
             page.goto(f"{lab}lab/tree/{path.name}?reset", wait_until="load")
+            # the glyphs once the markdown is drawn (as a reader first sees the chapter)
+            page.wait_for_function("() => document.querySelectorAll('.jp-Notebook .jp-Cell')"
+                                   ".length > 10 && !!document.querySelector("
+                                   "'.jp-RenderedMarkdown')", timeout=60_000)
+            page.evaluate("() => document.fonts.ready.then(() => null)")
+            run = {"nb": nb, "glyphs": page.evaluate(glyphs)}
             page.wait_for_function(
                 f"() => window.jupyterapp && window.jupyterapp.shell.currentWidget && "
                 f"window.jupyterapp.shell.currentWidget.sessionContext && "
                 f"window.jupyterapp.shell.currentWidget.context.path === '{path.name}' && "
                 f"document.querySelectorAll('.jp-Notebook .jp-Cell').length >= "
-                f"{len(nb['cells'])}", timeout=60_000)
+                f"{len(nb['cells'])} && document.querySelectorAll('.jp-OutputPlaceholder')"
+                f".length >= {len(sol_code)}", timeout=60_000)
+            page.wait_for_timeout(1500)          # outputs and widgets settle
+            run["opened"] = page.evaluate(STATE_JS)
             page.evaluate(RUN_ALL_JS)
             try:
                 page.wait_for_function(RAN_JS, arg=n_code, timeout=180_000, polling=500)
                 page.wait_for_timeout(1500)          # widgets render, explorer scripts run
-                state = page.evaluate(RUN_STATE_JS)
+                run["ran"] = page.evaluate(RUN_STATE_JS)
             except PlaywrightTimeout:
-                state = (f"Run All did not finish in 180 s: {page.evaluate(PROGRESS_JS)} "
-                         f"({n_code} code cells)")
-            states[path.stem] = (nb, state, round(time.monotonic() - start, 1))
+                run["ran"] = (f"Run All did not finish in 180 s: "
+                              f"{page.evaluate(PROGRESS_JS)} ({n_code} code cells)")
+            run["seconds"] = round(time.monotonic() - start, 1)
+            runs[path.stem] = run
             page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
         finally:
             ctx.close()
-    return states
+    return runs
+
+
+@pytest.fixture(scope="module")
+def ran_all(in_lab) -> dict:
+    """chapter stem -> (notebook, the state after Run All or where it stopped, seconds)."""
+    return {stem: (run["nb"], run["ran"], run["seconds"]) for stem, run in in_lab.items()}
 
 
 def test_run_all_shows_one_set_of_controls_per_explorer(ran_all):
@@ -323,21 +332,12 @@ def test_run_all_keeps_solutions_folded(ran_all):
     assert ran_all and not problems, "\n".join(problems)
 
 
-def test_an_untrusted_chapter_draws_every_character(browser, lab):
-    """Chapter 1 opened untrusted in JupyterLab started as ``make lab`` does (custom.css with the
-    book's web fonts): no Chinese character or emoji of its markdown, code or stored outputs is
-    drawn as the missing-glyph box (tests/glyphs.js, as the book's browser test measures it)."""
-    glyphs = (Path(__file__).with_name("glyphs.js")).read_text(encoding="utf-8")
-    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = ctx.new_page()
-    try:
-        page.goto(f"{lab}lab/tree/01_hidden_state.ipynb?reset", wait_until="load")
-        page.wait_for_function("() => document.querySelectorAll('.jp-Notebook .jp-Cell')"
-                               ".length > 10 && !!document.querySelector('.jp-RenderedMarkdown')",
-                               timeout=60_000)
-        page.evaluate("() => document.fonts.ready.then(() => null)")
-        r = page.evaluate(glyphs)
-    finally:
-        ctx.close()
-    assert r["checked"] > 20, r
-    assert not r["missing"], "\n".join(r["missing"][:20])
+def test_an_untrusted_chapter_draws_every_character(in_lab):
+    """Each chapter opened untrusted (chapter 1 by default) in JupyterLab started as ``make
+    lab`` does (custom.css with the book's web fonts): no Chinese character or emoji of its
+    markdown, code or stored outputs is drawn as the missing-glyph box (tests/glyphs.js, as the
+    book's browser test measures it)."""
+    for stem, run in in_lab.items():
+        r = run["glyphs"]
+        assert r["checked"] > 20, (stem, r)
+        assert not r["missing"], stem + "\n" + "\n".join(r["missing"][:20])
