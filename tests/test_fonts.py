@@ -150,3 +150,17 @@ def test_the_emoji_web_font_covers_the_pages_emoji():
     assert not missing, f"no glyph for {''.join(missing)!r}: rerun scripts/build_fonts.py"
     assert build_fonts.EMOJI_FONT.name in dict(fonts.WEB_FONTS)
     assert build_fonts.WEB_FONT.name in dict(fonts.WEB_FONTS)
+
+
+def test_the_lab_css_reaches_widget_form_controls():
+    """JupyterLab's CSS puts the bundled web font first on Lab's font variables and on form
+    controls (a dropdown's options do not inherit the page's font), and the book's CSS does
+    not touch Lab's variables."""
+    import re
+    from tokenflow.viz.fonts import web_font_css
+    lab, book = web_font_css(target="lab"), web_font_css(target="book")
+    family = re.search(r"font-family: ([^;]+);", lab).group(1)
+    rule = re.search(r"select, option[^{]*\{ font-family: ([^;]+);", lab)
+    assert rule and rule.group(1).startswith(family)
+    assert f"--jp-ui-font-family: {family}" in lab
+    assert "--jp-" not in book

@@ -160,6 +160,10 @@ def web_font_css(copied_to: str | None = None, target: str = "book") -> str:
                "--jp-code-font-family-default": f"{mono}, {family}",
                "--jp-code-font-family": f"{mono}, {family}"}
         css.append("body { " + "".join(f"{k}: {v} !important; " for k, v in lab.items()) + "}\n")
+        # form controls do not inherit the page's font (the browser's own style sheet sets
+        # theirs), so a widget's dropdown options would fall back to a system font
+        css.append("select, option, input, button, textarea { font-family: "
+                   f"{family}, {sans} !important; }}\n")
     return "".join(css)
 
 
