@@ -1,0 +1,186 @@
+"""What the chapters' prose says about their own outputs, checked on the stored outputs.
+
+A markdown cell cannot compute, so an exercise's text names no number the model produces; what
+it still claims in words (which token leads, that a ratio squares, that two expert lists are
+equal) is read here off the outputs the notebook stored. Also: the counts printed in outputs
+agree with their nouns ("1 position", "1 KV head"), no markdown cell holds an escaped newline
+that renders as a literal "\\n", and no ``$`` math reaches the slides' text (they load no math
+renderer).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def _cells(name: str) -> list[dict]:
+    return json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8"))["cells"]
+
+
+def _text(cell: dict) -> str:
+    """The stored text outputs of a code cell (streams and text/plain), joined."""
+    out = []
+    for o in cell.get("outputs", []):
+        t = o.get("text") or o.get("data", {}).get("text/plain", "")
+        out.append("".join(t) if isinstance(t, list) else t)
+    return "".join(out)
+
+
+def _output_of(cells: list[dict], code: str) -> str:
+    hits = [c for c in cells if c["cell_type"] == "code" and code in "".join(c["source"])]
+    assert len(hits) == 1, code
+    return _text(hits[0])
+
+
+def _markdown(cells: list[dict], start: str) -> str:
+    hits = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"
+            and start in "".join(c["source"])]
+    assert len(hits) == 1, start
+    return hits[0]
+
+
+# --- chapter 4 ------------------------------------------------------------------------------
+CH4 = "04_lm_head_sampling.ipynb"
+
+
+def _unsure_table(cells):
+    """Section 7's table after 北京是: [(token, p)] best first."""
+    text = _output_of(cells, "unsure = model_logits[0, 1]")
+    rows = re.findall(r"^\s*(\d+)\s+(\S+)\s+(-?[\d.]+)\s+([\d.e-]+)\s*$", text, re.M)
+    assert len(rows) == 6, text
+    return [(tok, float(p)) for _, tok, _, p in rows]
+
+
+def test_ch4_exercise_1_ratio_squares_when_temperature_halves():
+    cells = _cells(CH4)
+    text = _output_of(cells, "for T in (1.0, 0.5, 0.1):")
+    ratio = {float(t): float(r) for t, r in re.findall(r"T=([\d.]+): p\(\S+\)/p\(\S+\) = ([\d.]+)",
+                                                        text)}
+    assert set(ratio) == {1.0, 0.5, 0.1}, text
+    assert "halving $T$\nsquares the ratio" in _markdown(cells, "The ratio is $e^{\\Delta z / T}$")
+    assert ratio[0.5] == pytest.approx(ratio[1.0] ** 2, abs=2e-3)
+    assert ratio[0.1] == pytest.approx(ratio[1.0] ** 10, rel=1e-2)
+    assert 1.0 < ratio[1.0] < 1.1, "the prompt says the two logits are almost the same"
+
+
+def test_ch4_exercise_2_best_token_holds_a_little_under_one_half():
+    cells = _cells(CH4)
+    (best, p1), (second, _), *_ = _unsure_table(cells)
+    assert 0.45 <= p1 < 0.5, "the solution: a little under one half, reached by p = 0.45"
+    text = _output_of(cells, "for top_p in (0.5, 0.45):")
+    kept = dict(re.findall(r"top-p=([\d.]+): keeps (\[.*\])", text))
+    assert sorted(eval(kept["0.5"])) == sorted([best, second]), text
+    assert eval(kept["0.45"]) == [best], text
+
+
+def test_ch4_exercise_3_min_p_keeps_the_two_leading_tokens():
+    cells = _cells(CH4)
+    table = _unsure_table(cells)
+    (best, p1), (second, p2), (_, p3) = table[:3]
+    assert p2 >= 0.05 * p1 > p3, "the solution: the two leading tokens pass, the third not"
+    text = _output_of(cells, 'min_p=0.05))')
+    assert re.search(r"after 首: 1 kept \['都'\]", text), text
+    after = re.search(r"after 北京是: 2 kept (\[.*\])", text)
+    assert after and sorted(eval(after.group(1))) == sorted([best, second]), text
+
+
+# --- chapter 9 ------------------------------------------------------------------------------
+def test_ch9_exercise_2_says_what_the_expert_lists_show():
+    cells = _cells("09_recap.ipynb")
+    text = _output_of(cells, "东京是日本的")
+    rows = re.findall(r"^(北京是中国的首|东京是日本的首)\s+(\[\[.*\]\])\s+(\S+)\s*$", text, re.M)
+    assert len(rows) == 2, text
+    prose = _markdown(cells, "The router does not see the token id 首")
+    same = rows[0][1:] == rows[1][1:]
+    assert ("In the run below they do not" in prose) == same, (rows, prose)
+
+
+# --- every chapter's markdown ---------------------------------------------------------------
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_markdown_cell_holds_an_escaped_newline(path):
+    """A ``\\n`` typed into a caption renders as the two characters; LaTeX commands that start
+    with ``\\n`` (``\\nabla``, ``\\neq``) are letters after it, so they do not match."""
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        if cell["cell_type"] == "markdown":
+            src = "".join(cell["source"])
+            assert not re.search(r"\\n(?![A-Za-z])", src), src[:200]
+
+
+# --- counts agree with their nouns ----------------------------------------------------------
+def test_counted():
+    from tokenflow.viz.fmt import counted
+    assert counted(1, "KV head") == "1 KV head"
+    assert counted(0, "KV head") == "0 KV heads"
+    assert counted(8, "KV head") == "8 KV heads"
+    assert counted(2048, "entry", "entries") == "2,048 entries"
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="n must be"):
+            counted(bad, "head")
+
+
+def test_kv_head_texts_agree_in_number(pretrained):
+    from tokenflow.analysis.attention_kinds import with_kv_heads
+    from tokenflow.viz.attention import kv_cache_scale_table, kv_cache_summary
+    config = pretrained[0].config
+    for n, noun in ((1, "1 KV head "), (2, "2 KV heads ")):
+        assert noun in kv_cache_summary(config, 1, 8, n, "bf16")
+        assert f"{noun.strip()} (" in str(kv_cache_scale_table(config, 128, 1, n))
+        assert with_kv_heads(config, n).name.endswith(f"({noun.strip()})")
+    assert "1 KV heads" not in kv_cache_summary(config, 1, 8, 1, "bf16")
+
+
+def test_trace_notes_agree_in_number(pretrained):
+    from tokenflow import KVCache, Trace, decode_step, prefill
+    model, tok = pretrained
+    trace = Trace()
+    cache = KVCache(model.config, 1, 4)
+    with torch.no_grad():
+        prefill(model, torch.tensor([tok.encode("首")]), cache)
+        decode_step(model, torch.tensor([tok.token_to_id("都")]), cache, trace=trace)
+    notes = [e.note for e in trace.events if e.action in ("read KV", "write KV")]
+    assert notes and all("(s)" not in n and "1 positions" not in n for n in notes), notes
+    assert any("K,V of 1 new token ->" in n for n in notes), notes
+    assert any("(2 positions)" in n for n in notes), notes
+
+
+# --- the slides' text -----------------------------------------------------------------------
+def _slides():
+    spec = importlib.util.spec_from_file_location("tokenflow_slides_prose",
+                                                  ROOT / "scripts" / "slides.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_math_text_renders_the_formulas_the_handout_shows():
+    slides = _slides()
+    assert slides.math_text(r"capacity $\lceil c\,TK/E \rceil$ first") == "capacity ⌈c·TK/E⌉ first"
+    assert slides.math_text(r"$p(\text{一}) / p(\text{中国})$") == "p(一) / p(中国)"
+    assert slides.math_text(r"with $2N$ per token") == "with 2N per token"
+    assert slides.math_text(r"$16 \cdot 2^{30} / 131{,}072$") == "16 · 2³⁰ / 131,072"
+    assert slides.math_text(r"$\tfrac{3}{4} \cdot \tfrac{7}{8}$") == "3/4 · 7/8"
+    assert slides.math_text("code `$x$` stays") == "code `$x$` stays"
+
+
+@pytest.mark.parametrize("lang", ["en", "zh_CN"])
+def test_no_dollar_math_reaches_the_handout_prompts_or_slides(lang):
+    slides = _slides()
+    for nb in slides.chapters(ROOT):
+        deck = slides.chapter_deck(nb, ROOT, lang)
+        prompts = slides.exercise_prompts(nb, ROOT, lang)
+        slides.speaker_notes(deck, prompts, lang)
+        texts = prompts + [s.title + s.notes for s in deck.slides]
+        for text in texts:
+            visible = re.sub(r"<code>.*?</code>", "", re.sub(r"data:[^\"')]+", "", text))
+            assert not re.search(r"\$[^$]*\\[A-Za-z]|\$\$|\$[^$\s][^$]*\$", visible), (
+                nb.stem, visible[:300])
