@@ -104,6 +104,63 @@ def test_ch9_exercise_2_says_what_the_expert_lists_show():
     assert ("In the run below they do not" in prose) == same, (rows, prose)
 
 
+# --- every chapter's exercises: their numbers come from the outputs -------------------------
+NUMBER = re.compile(r"(?<![\w.^{])(\d{1,3}(?:,\d{3})+|\d+\.\d+|\d{3,})(?![\w}])")
+# numbers an exercise may state that no cell prints: config values and hardware specs with
+# their source, and arithmetic on them that the hidden cell prints in another form
+CITED = {
+    "01": {"128,256": "Llama-3-8B's vocab_size (its config.json, reference_config)",
+           "1.05": "128,256 x 4,096 x 2 bytes = 1.05e9, printed as 1002.00 MiB"},
+    "02": {"244,000": "16 GiB / 70,272 bytes, printed as 244,476"},
+    "03": {"0.66": "3/4 x 7/8, printed as 0.656"},
+    "04": {"0.53": "V H = 128,256 x 4,096 = 0.53 B, printed as 525,336,576 weights"},
+    "07": {"400": "the H800's and H200's 400 Gb/s NIC per GPU (DeepSeek's deployment)"},
+    "09": {"576": "DeepSeek-V3's kv_lora_rank 512 + qk_rope_head_dim 64 (config.json)",
+           "512": "DeepSeek-V3's kv_lora_rank (config.json)",
+           "240": "the absorbed attention's FLOPs per byte of cache, printed as 242"},
+}
+
+
+def _printed_numbers(cells: list[dict]) -> list[str]:
+    text = ""
+    for c in cells:
+        if c["cell_type"] == "code":
+            text += "".join(c["source"]) + "\n"
+            for o in c.get("outputs", []):
+                for t in (o.get("text"), *o.get("data", {}).values()):
+                    if isinstance(t, (str, list)):
+                        text += ("".join(t) if isinstance(t, list) else t) + "\n"
+    return re.findall(r"\d[\d,]*(?:\.\d+)?", text)
+
+
+def _shown(n: str, printed: list[str]) -> bool:
+    """``n`` is printed, digit for digit (commas aside; ``1,002`` matches ``1002.00``)."""
+    bare = n.replace(",", "")
+    return any(p.replace(",", "") == bare
+               or re.fullmatch(re.escape(bare) + (r"0*" if "." in bare else r"(\.0*)?"),
+                               p.replace(",", "")) for p in printed)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_exercise_numbers_are_printed_by_the_notebook(path):
+    """A number in an exercise or its solution is one the notebook prints, or a cited
+    config/hardware value or a rounding in ``CITED``: a retrained model or a changed
+    corpus then fails here instead of leaving the prose behind its outputs."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    start = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+             and "## Exercises" in "".join(c["source"])]
+    assert start, path.stem
+    printed = _printed_numbers(cells)
+    cited = CITED.get(path.stem[:2], {})
+    for c in cells[start[0]:]:
+        if c["cell_type"] != "markdown":
+            continue
+        src = "".join(c["source"]).replace("{,}", ",")
+        src = src[src.find("## Exercises"):]
+        stale = [n for n in NUMBER.findall(src) if n not in cited and not _shown(n, printed)]
+        assert not stale, (path.stem, stale, src[:200])
+
+
 # --- every chapter's markdown ---------------------------------------------------------------
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_no_markdown_cell_holds_an_escaped_newline(path):
