@@ -241,3 +241,9 @@ def test_no_dollar_math_reaches_the_handout_prompts_or_slides(lang):
             visible = re.sub(r"<code>.*?</code>", "", re.sub(r"data:[^\"')]+", "", text))
             assert not re.search(r"\$[^$]*\\[A-Za-z]|\$\$|\$[^$\s][^$]*\$", visible), (
                 nb.stem, visible[:300])
+
+
+def test_slides_index_links_the_cheat_sheet_and_the_handout():
+    slides = _slides()
+    page = slides.index_html([], "en", "")
+    assert 'href="cheatsheet.html"' in page and 'href="handout.html"' in page
