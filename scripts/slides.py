@@ -163,7 +163,15 @@ MATH_WORDS = {
     r"\tfrac": "", r"\frac": "", r"\top": "ᵀ", r"\min": "min", r"\max": "max",
     r"\log": "log", r"\exp": "exp", r"\ldots": "…", r"\dots": "…",
 }
+OPERATORS = {"·", "×", "≈", "≤", "≥", "≠", "→", "∈", "min", "max", "log", "exp"}
 SUPERSCRIPTS = str.maketrans("0123456789-+T", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺ᵀ")
+
+
+def _tex_word(command: str, space: str) -> str:
+    """A control word as text; the space TeX ignores after it goes too, except around the
+    operators, which keep their spacing (``\\Delta z`` -> ``Δz``, ``a \\cdot b`` -> ``a · b``)."""
+    word = MATH_WORDS.get(command, command[1:])
+    return word + (space if word in OPERATORS else "")
 
 
 def _tex_plain(tex: str) -> str:
@@ -172,7 +180,7 @@ def _tex_plain(tex: str) -> str:
     t = re.sub(r"\\[td]?frac\{([^{}]*)\}\{([^{}]*)\}",
                lambda m: "/".join(x if x.isalnum() else f"({x})" for x in m.groups()), tex)
     t = re.sub(r"\\[,;:!]|~", lambda m: "·" if m.group(0) == r"\," else " ", t)
-    t = re.sub(r"\\[A-Za-z]+", lambda m: MATH_WORDS.get(m.group(0), m.group(0)[1:]), t)
+    t = re.sub(r"(\\[A-Za-z]+)(\s*)", lambda m: _tex_word(*m.groups()), t)
     t = re.sub(r"\^\{([0-9+\-Tᵀ]+)\}|\^([0-9T])",
                lambda m: (m.group(1) or m.group(2)).translate(SUPERSCRIPTS), t)
     t = re.sub(r"\^\{([^{}]*)\}", r"^(\1)", t.replace("{,}", ","))

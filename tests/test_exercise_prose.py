@@ -224,6 +224,7 @@ def test_math_text_renders_the_formulas_the_handout_shows():
     assert slides.math_text(r"capacity $\lceil c\,TK/E \rceil$ first") == "capacity ⌈c·TK/E⌉ first"
     assert slides.math_text(r"$p(\text{一}) / p(\text{中国})$") == "p(一) / p(中国)"
     assert slides.math_text(r"with $2N$ per token") == "with 2N per token"
+    assert slides.math_text(r"$e^{\Delta z / T}$, $T \to 0$") == "e^(Δz / T), T → 0"
     assert slides.math_text(r"$16 \cdot 2^{30} / 131{,}072$") == "16 · 2³⁰ / 131,072"
     assert slides.math_text(r"$\tfrac{3}{4} \cdot \tfrac{7}{8}$") == "3/4 · 7/8"
     assert slides.math_text("code `$x$` stays") == "code `$x$` stays"
