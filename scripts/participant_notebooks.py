@@ -1,7 +1,7 @@
 """Participant notebooks for a workshop: ``python scripts/participant_notebooks.py [DEST]
 [--lang zh]`` (``make participant``, ``make participant LANG=zh``), default DEST
 ``_build/participant/`` (English, from ``notebooks/``) or ``_build/participant-zh/`` (Chinese,
-from ``notebooks/zh/``, which ``make zh-notebooks`` writes; git-ignored).
+from ``notebooks/zh/``, which ``make zh-notebooks`` writes and git tracks).
 
 Each chapter notebook is copied with
 

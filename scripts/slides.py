@@ -142,8 +142,9 @@ class Prose:
         return self.catalog.get(" ".join(text.split("\n")).strip(), text)
 
     def inline(self, text: str) -> str:
-        """One message (a paragraph, heading or caption) as inline HTML."""
-        return self.md.renderInline(self.message(text))
+        """One message (a paragraph, heading or caption) as inline HTML, its ``$...$`` math
+        as plain text (:func:`math_text`: the slides load no math renderer)."""
+        return self.md.renderInline(math_text(self.message(text)))
 
     def blocks(self, markdown: str) -> list[tuple[str, str, str]]:
         """The top-level blocks of ``markdown``: (kind, tag, inline source) for headings
@@ -153,6 +154,51 @@ class Prose:
             if t.level == 0 and t.type in ("heading_open", "paragraph_open"):
                 out.append((t.type.removesuffix("_open"), t.tag, tokens[i + 1].content))
         return out
+
+
+MATH_WORDS = {
+    r"\lceil": "⌈", r"\rceil": "⌉", r"\lfloor": "⌊", r"\rfloor": "⌋", r"\cdot": "·",
+    r"\times": "×", r"\approx": "≈", r"\le": "≤", r"\ge": "≥", r"\leq": "≤", r"\geq": "≥",
+    r"\neq": "≠", r"\to": "→", r"\infty": "∞", r"\sum": "Σ", r"\in": "∈", r"\sqrt": "√",
+    r"\Delta": "Δ", r"\beta": "β", r"\mathcal": "", r"\mathrm": "", r"\text": "",
+    r"\tfrac": "", r"\frac": "", r"\top": "ᵀ", r"\min": "min", r"\max": "max",
+    r"\log": "log", r"\exp": "exp", r"\ldots": "…", r"\dots": "…",
+}
+OPERATORS = {"·", "×", "≈", "≤", "≥", "≠", "→", "∈", "min", "max", "log", "exp"}
+SUPERSCRIPTS = str.maketrans("0123456789-+T", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺ᵀ")
+
+
+def _tex_word(command: str, space: str) -> str:
+    """A control word as text; the space TeX ignores after it goes too, except around the
+    operators, which keep their spacing (``\\Delta z`` -> ``Δz``, ``a \\cdot b`` -> ``a · b``)."""
+    word = MATH_WORDS.get(command, command[1:])
+    return word + (space if word in OPERATORS else "")
+
+
+def _tex_plain(tex: str) -> str:
+    """One ``$...$`` formula as plain text: ``\\lceil c\\,TK/E \\rceil`` -> ``⌈c·TK/E⌉``,
+    ``p(\\text{一})`` -> ``p(一)``, ``\\frac{a}{b}`` -> ``(a)/(b)``, ``x^{2}`` -> ``x²``."""
+    t = re.sub(r"\\[td]?frac\{([^{}]*)\}\{([^{}]*)\}",
+               lambda m: "/".join(x if x.isalnum() else f"({x})" for x in m.groups()), tex)
+    t = re.sub(r"\\[,;:!]|~", lambda m: "·" if m.group(0) == r"\," else " ", t)
+    t = re.sub(r"(\\[A-Za-z]+)(\s*)", lambda m: _tex_word(*m.groups()), t)
+    t = re.sub(r"\^\{([0-9+\-Tᵀ]+)\}|\^([0-9T])",
+               lambda m: (m.group(1) or m.group(2)).translate(SUPERSCRIPTS), t)
+    t = re.sub(r"\^\{([^{}]*)\}", r"^(\1)", t.replace("{,}", ","))
+    t = re.sub(r"\s+", " ", t.replace("{", "").replace("}", "")).strip()
+    t = re.sub(r"([⌈⌊(])\s+", r"\1", t)
+    return re.sub(r"\s+([⌉⌋)])", r"\1", t)
+
+
+def math_text(markdown: str) -> str:
+    """``markdown`` with every inline ``$...$`` and display ``$$...$$`` formula (outside code
+    spans) replaced by :func:`_tex_plain`'s plain text, so no ``$`` math reaches a slide."""
+    parts = re.split(r"(`[^`]*`)", markdown)
+    return "".join(
+        part if part.startswith("`") else
+        re.sub(r"\$\$(.+?)\$\$|\$([^$]+?)\$", lambda m: _tex_plain(m.group(1) or m.group(2)),
+               part, flags=re.S)
+        for part in parts)
 
 
 def plain(inline_html: str) -> str:
@@ -579,7 +625,8 @@ def index_html(decks: list[Deck], lang: str, css: str) -> str:
              + "".join(f'<li><a href="{d.number}.html">{d.title}</a> ({len(d.slides)})</li>'
                        for d in decks))
     body = (f'<section class="slide" data-kind="index"><h2>tokenflow</h2><div class="body">'
-            f'<ul class="decks">{items}</ul><p><a href="handout.html">handout.html</a> (A4)</p>'
+            f'<ul class="decks">{items}</ul><p><a href="handout.html">handout.html</a> (A4),'
+            f' <a href="cheatsheet.html">cheatsheet.html</a> (A4)</p>'
             f"</div></section>")
     return _page("tokenflow slides", lang, "index", body, css)
 

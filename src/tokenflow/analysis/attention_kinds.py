@@ -55,8 +55,9 @@ def with_kv_heads(config: ModelConfig, num_key_value_heads: int) -> ModelConfig:
     if num_key_value_heads > n or n % num_key_value_heads:
         raise ValueError(f"num_key_value_heads must divide num_attention_heads={n}, "
                          f"got {num_key_value_heads}")
+    heads = f"{num_key_value_heads} KV head{'s' * (num_key_value_heads != 1)}"
     return config.replace(num_key_value_heads=num_key_value_heads,
-                          name=f"{config.name} ({num_key_value_heads} KV heads)")
+                          name=f"{config.name} ({heads})")
 
 
 def gated_deltanet_state_elements(num_key_heads: int, num_value_heads: int, key_head_dim: int,

@@ -191,10 +191,11 @@ def _record_attention(trace: Trace, attn, i: int, a: dict, out) -> None:
     L, where, size = step.mask.shape[-1], f"layer {i} attention", x.element_size()
     if cache is not None:
         trace.record("write KV", where, x, (B, nkv, S, D), nbytes=2 * B * nkv * S * D * size,
-                     note=f"K,V of {S} new token(s) -> cache slots "
+                     note=f"K,V of {S} new token{'s' * (S != 1)} -> cache slots "
                           f"{step.start}..{step.start + S - 1}")
     trace.record("read KV", where, (B, nh, S, D), out, nbytes=2 * B * nkv * L * D * size,
-                 note=f"Q [B,{nh},{S},{D}] reads K/V {[B, nkv, L, D]} ({L} positions)")
+                 note=f"Q [B,{nh},{S},{D}] reads K/V {[B, nkv, L, D]} "
+                      f"({L} position{'s' * (L != 1)})")
     if trace.keep_tensors:                 # the step-by-step twin's weights (tested equal)
         steps = attention_steps(attn, x, a["cos"], a["sin"], step.mask, cache, step.start)
         trace.attention_weights[i] = steps["weights"].detach()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from .fmt import counted
 from .style import column_figsize, MIN_FONT_PT, series_style, text_on
 from tokenflow.analysis.trace import COLORS
 
@@ -136,7 +137,7 @@ def kv_cache_growth_plot(config, max_len: int, kv_heads: list[int],
         ax.plot(xs, [per * x / 2**20 for x in xs], lw=2.5 if own else 1.5,
                 color=COLORS["hidden"] if own else "#777777",
                 linestyle="-" if own else next(styles),
-                label=f"{n} KV heads ({kind}): {per:,} B/token")
+                label=f"{counted(n, 'KV head')} ({kind}): {per:,} B/token")
     ax.set_xlabel("tokens in the sequence")
     ax.set_ylabel("KV cache (MiB)")
     ax.legend(fontsize=MIN_FONT_PT)
@@ -197,7 +198,8 @@ def kv_cache_summary(config, batch_size: int, seq_len: int, num_key_value_heads:
     kind = ("MHA" if num_key_value_heads == config.num_attention_heads else
             "MQA" if num_key_value_heads == 1 else "GQA")
     return "\n".join([
-        f"{config.name}: {num_key_value_heads} KV heads for {config.num_attention_heads} "
+        f"{config.name}: {counted(num_key_value_heads, 'KV head')} for "
+        f"{config.num_attention_heads} "
         f"query heads ({kind}), {dtype_name}",
         f"  K and V per layer: {r['shape']} x {r['num_tensors']} tensors",
         f"  bytes/token: formula {r['formula_bytes_per_token']:,}, tensors "
@@ -289,7 +291,8 @@ def kv_cache_scale_table(config, context: int, batch: int, num_key_value_heads: 
             ["together", (w + kv) / 2**30, (w + kv) / device_memory_bytes]]
     kind = "MHA" if num_key_value_heads == nh else "MQA" if num_key_value_heads == 1 else "GQA"
     return Table(rows, ["", "GiB", f"share of {gb:g} GB"], digits=[0, 1, 2], align="<>>",
-                 title=f"{config.name}, {num_key_value_heads} KV heads ({kind}): at most "
+                 title=f"{config.name}, {counted(num_key_value_heads, 'KV head')} ({kind}): "
+                       f"at most "
                        f"{fit} sequences of {context:,} tokens fit one {gb:g} GB device")
 
 

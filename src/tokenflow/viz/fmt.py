@@ -15,8 +15,8 @@ import unicodedata
 
 from .lang import tr
 
-__all__ = ["display_width", "pad", "format_bytes", "say", "Table", "agree", "Agreement",
-           "format_tolerance", "shapes", "checks"]
+__all__ = ["display_width", "pad", "format_bytes", "counted", "say", "Table", "agree",
+           "Agreement", "format_tolerance", "shapes", "checks"]
 
 
 def display_width(text: str) -> int:
@@ -52,6 +52,18 @@ def format_bytes(n: float) -> str:
     while x >= 1024 and i < len(units) - 1:
         x, i = x / 1024, i + 1
     return f"{int(n)} B" if i == 0 else f"{x:.2f} {units[i]}"
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun`` in agreement: ``counted(1, "KV head") -> "1 KV head"``,
+    ``counted(8, "KV head") -> "8 KV heads"``; ``plural`` replaces the default ``noun + "s"``.
+
+    Raises:
+        ValueError: if ``n`` is not an integer >= 0.
+    """
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+        raise ValueError(f"n must be an integer >= 0, got {n!r}")
+    return f"{n:,} {noun if n == 1 else (plural or noun + 's')}"
 
 
 def say(text: str, width: int = 88) -> None:
