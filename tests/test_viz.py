@@ -291,3 +291,21 @@ def test_no_figure_calls_a_context_length_L():
             if re.search(r"context[^\"]*\bL\b|\[1, L\+1\]", lit):
                 bad.append(f"{path.name}: {lit}")
     assert not bad, bad
+
+
+def test_rank_heatmap_ticks_do_not_overlap_inside_the_routing_figure():
+    """At W = 8 inside chapter 3's two-panel routing figure the rank ticks stay apart (numbers,
+    with the direction on the axis labels)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from tokenflow.parallel.expert_parallel import simulate_routing
+    from tokenflow.viz.moe import routing_load_plot
+    fig = routing_load_plot(simulate_routing(64, 6, 4, 64, world_size=8, hidden_size=64))
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    ax = fig.axes[-1]
+    assert ax.get_xlabel() == "to rank" and ax.get_ylabel() == "from rank"
+    boxes = [t.get_window_extent(r) for t in ax.get_xticklabels() if t.get_text()]
+    assert len(boxes) == 8
+    assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:]))
+    matplotlib.pyplot.close(fig)

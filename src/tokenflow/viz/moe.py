@@ -233,8 +233,10 @@ def traffic_heatmap(traffic, title: str = "", ax=None):
                     fontweight="bold" if i == j else "normal")
         ax.add_patch(plt.Rectangle((i - 0.5, i - 0.5), 1, 1, fill=False, ec=COLORS["hidden"],
                                    lw=2))
-    ax.set_xticks(range(W), [f"to {j}" for j in range(W)])
-    ax.set_yticks(range(W), [f"from {i}" for i in range(W)])
+    ax.set_xticks(range(W), [str(j) for j in range(W)])
+    ax.set_yticks(range(W), [str(i) for i in range(W)])
+    ax.set_xlabel("to rank")
+    ax.set_ylabel("from rank")
     ax.set_title(title or "dispatched rows (diagonal: local)", fontsize=10)
     fig.tight_layout()
     return fig
