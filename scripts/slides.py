@@ -10,7 +10,8 @@ in: a deck is read from its notebook's sources and stored outputs, so it says wh
 * Every code cell tagged ``slide`` gives slides from its stored outputs: one per figure
   (``image/png`` or ``image/svg+xml``) with the caption the book shows under it (the first
   paragraph of the next markdown cell, when it is in italics); else one per table
-  (``tokenflow.viz.Table``'s HTML); else its printed text, one paragraph per item (``1. ...``,
+  (``tokenflow.viz.Table``'s HTML; one too big to read at body size goes over several,
+  :func:`split_table`); else its printed text, one paragraph per item (``1. ...``,
   ``- ...``, as ``tokenflow.viz.say`` prints them), on as many slides as the items need.
 * A slide's title is the heading its cell sits under.
 
@@ -24,9 +25,11 @@ characters and emoji are drawn with subsets of the book's web fonts (``Tokenflow
 subset by ``build_fonts._subset``), inline as well, since Chromium refuses fonts from ``file://``
 URLs. No request leaves the file: a deck opens from a USB stick. Keys: right / left arrow,
 PageDown / PageUp, space, Home / End; the two buttons; ``#3`` in the URL opens slide 3. A slide is
-laid out at 1280 x 720 CSS px and scaled to the window; text that would not fit is set smaller
-(down to 60 %) by the inline script. Printing a deck gives one 16:9 page per slide; printing
-``handout.html`` gives A4 pages, two slides each, every chapter on a new page.
+laid out at 1280 x 720 CSS px and scaled to the window; no text is smaller than the body size,
+MIN_TEXT_PX (24 px): a table too big for a slide at that size goes over as many slides as it
+needs (:func:`split_table`), and the inline script only lets a table that has room grow.
+Printing a deck gives one 16:9 page per slide; printing ``handout.html`` gives A4 pages, two
+slides each, every chapter on a new page.
 
 The book builds the decks of the edition it builds (this file is a Sphinx extension, loaded by
 _config.yml; ``build-finished`` of the HTML builder). By hand, from the repository root:
@@ -67,6 +70,12 @@ ITEM = re.compile(r"(\d+\.|-)\s")     # an item as tokenflow.viz.say starts it
 # Text on one slide: about CHARS_PER_LINE columns (a Chinese character takes two) at the
 # slides' text size, LINES_PER_SLIDE lines; a guess that the inline script's fitting corrects.
 CHARS_PER_LINE, LINES_PER_SLIDE = 80, 11
+# A table on a slide at body size (MIN_TEXT_PX), a guess that errs wide: its text as wide as
+# text_em says (in em of the text), each cell padded by TABLE_CELL_PAD px, a row TABLE_ROW_PAD px
+# plus TABLE_LINE_PX px a line, all within TABLE_WIDTH x TABLE_HEIGHT px (the slide's content
+# box, 1160 x 554 px, less a margin); a wrapped text column no narrower than MIN_WRAP_EM.
+TABLE_CELL_PAD, TABLE_ROW_PAD, TABLE_LINE_PX = 29, 6.8, 32.4
+TABLE_WIDTH, TABLE_HEIGHT, MIN_WRAP_EM = 1130, 552, 8
 HIDDEN_BLUE = "#3b7dd8"               # tokenflow.analysis.trace.COLORS["hidden"]
 EDITIONS = {"en": ("", "en"), "zh_CN": ("zh", "zh-CN")}   # Sphinx language: (folder, html lang)
 
@@ -216,6 +225,7 @@ class Slide:
     title: str                 # inline HTML
     body: str                  # HTML
     notes: str = ""            # the speaker notes (HTML; press N in a deck to show them)
+    part: tuple = ()           # a split table's part: (first row, last row, rows, columns shown)
 
 
 @dataclass
@@ -307,6 +317,137 @@ def _static_part(html_text: str) -> str:
     return m.group(1) if m else html_text
 
 
+TABLE = re.compile(r'(?P<head>.*?<table class="tf-table">)\s*(?:<caption>(?P<caption>.*?)'
+                   r'</caption>)?\s*<thead>(?P<thead>.*?)</thead>\s*<tbody>(?P<tbody>.*?)'
+                   r'</tbody>\s*</table>(?P<tail>.*)', re.S)
+CELL = re.compile(r"(<t[hd][^>]*>)(.*?)(</t[hd]>)", re.S)
+
+
+NARROW, WIDE = set(" ,.:;'|!ijlftr[]()/-"), set("ABCDEFGHKNOQRUVMWmw")
+
+
+def text_em(text: str) -> float:
+    """The width of ``text`` in em of a sans-serif face, a guess from widths of the Arial /
+    Liberation Sans kind (a Chinese character 1 em, a digit 0.56 em), 6 % wider for safety."""
+    return 1.06 * sum(1.0 if unicodedata.east_asian_width(c) in ("W", "F") else
+                      0.3 if c in NARROW else 0.72 if c in WIDE else
+                      0.56 for c in text)
+
+
+def _lines(text: str, em: float) -> int:
+    """Lines of ``text`` wrapped at ``em`` (at least one; a wrap loses some of each line)."""
+    wide, em = text_em(text), max(em, 1.0)
+    return max(1, math.ceil(wide * 1.15 / em)) if wide > em else 1
+
+
+def _words(text: str) -> float:
+    """The width of the longest word of ``text`` (where a header can wrap no further), em."""
+    return max([text_em(w) for w in text.split()] or [0.0])
+
+
+def split_table(table_html: str) -> list[tuple[str, tuple] | None]:
+    """``table_html`` (a ``tokenflow.viz.Table``) as the tables of as many slides as it needs to
+    fit at body size, by the guess of :func:`text_em` and the sizes above.
+
+    Headers wrap between words. A table wider than :data:`TABLE_WIDTH` either wraps its text
+    columns (left-aligned; never numbers, a shape or within a word), no narrower than
+    :data:`MIN_WRAP_EM`, or shows fewer columns a slide: the first (the first two, after a
+    narrow first) on each, the others shared evenly; whichever needs fewer slides, all the
+    columns together on a tie. Then the rows, in order, go as many to a slide as fit in
+    :data:`TABLE_HEIGHT` (as evenly as that allows), the header (and caption) on each.
+    Each part is ``(html, (first row, last row, rows, shown column headers or ()))``;
+    ``[None]`` when the table fits one slide as it is, or is not a plain table."""
+    m = TABLE.match(table_html)
+    if not m:
+        return [None]
+    raw_head = CELL.findall(m["thead"])
+    raw_rows = [CELL.findall(r) for r in re.findall(r"<tr>(.*?)</tr>", m["tbody"], re.S)]
+    if not raw_rows or any(len(r) != len(raw_head) for r in raw_rows):
+        return [None]
+    head = [plain(c[1]) for c in raw_head]
+    rows = [[plain(c[1]) for c in r] for r in raw_rows]
+    natural = [max([_words(h)] + [text_em(r[j]) for r in rows]) for j, h in enumerate(head)]
+    text = [j for j in range(len(head)) if "text-align:right" not in raw_rows[0][j][0]]
+    # where a text cell can wrap no further: its longest word, a shape ("[1, 5, 128]") whole
+    least = [max([_words(h)] + [text_em(r[j]) if r[j].startswith("[") else _words(r[j])
+                                for r in rows]) for j, h in enumerate(head)]
+
+    def px(ems):
+        return sum(w * MIN_TEXT_PX + TABLE_CELL_PAD for w in ems)
+
+    def height(cells, width):
+        return TABLE_ROW_PAD + TABLE_LINE_PX * max(_lines(c, width[j]) for j, c in enumerate(cells))
+
+    caption = m["caption"]
+    cap_px = TABLE_LINE_PX * _lines(plain(caption), CHARS_PER_LINE * 0.5) if caption else 0
+
+    def chunked(width, budget):
+        chunks, chunk, used = [], [], 0
+        for r, row in enumerate(rows):
+            need = height(row, width)
+            if chunk and used + need > budget:
+                chunks.append(chunk)
+                chunk, used = [], 0
+            chunk.append(r)
+            used += need
+        return chunks + [chunk]
+
+    def layout(width, groups):
+        """(slides, groups, row chunks) with these column widths (em) and column groups."""
+        budget = TABLE_HEIGHT - cap_px - height(head, width)
+        chunks = chunked(width, budget)
+        while len(chunks) > 1 and len(chunked(width, budget - 5)) == len(chunks):   # even parts
+            budget -= 5
+            chunks = chunked(width, budget)
+        return len(groups) * len(chunks), groups, chunks, width
+
+    everything = [list(range(len(head)))]
+    candidates = []
+    # all the columns, the text columns wrapped as little as they need (if they can)
+    wrap_at, width = max(natural), list(natural)
+    while px(width) > TABLE_WIDTH and wrap_at > MIN_WRAP_EM:
+        wrap_at -= 0.25
+        width = [max(least[j], min(w, wrap_at)) if j in text else w
+                 for j, w in enumerate(natural)]
+    if px(width) <= TABLE_WIDTH:
+        candidates.append(layout(width, everything))
+    # or fewer columns a slide, unwrapped: the first column (two, if it is narrow) on each
+    key = [0, 1] if natural[0] < 2 and len(head) > 2 else [0]
+    rest = [j for j in range(len(head)) if j not in key]
+    for n in range(2, len(rest) + 1):
+        size = math.ceil(len(rest) / n)
+        groups = [key + rest[g:g + size] for g in range(0, len(rest), size)]
+        if all(px(natural[j] for j in g) <= TABLE_WIDTH for g in groups):
+            candidates.append(layout(list(natural), groups))
+            break
+    if not candidates:
+        candidates.append(layout(width, everything))   # as narrow as it goes: the test tells
+    _, groups, chunks, width = min(candidates, key=lambda c: c[0])   # fewest slides; all first
+    wrap = {j for j in text if width[j] < natural[j]}
+    if len(groups) == 1 and len(chunks) == 1 and not wrap:
+        return [None]
+
+    def cell(raw, j):
+        opening, inner, closing = raw
+        if j in wrap:
+            inner = f'<span class="wrap" style="max-width:{width[j]:.1f}em">{inner}</span>'
+        return f"{opening}{inner}{closing}"
+
+    cap = f"<caption>{caption}</caption>" if caption else ""
+    parts = []
+    for group in groups:
+        shown = tuple(head[j] for j in group) if len(groups) > 1 else ()
+        for chunk in chunks:
+            thead = "<tr>" + "".join(f"{raw_head[j][0]}{raw_head[j][1]}{raw_head[j][2]}"
+                                     for j in group) + "</tr>"
+            tbody = "".join("<tr>" + "".join(cell(raw_rows[r][j], j) for j in group) + "</tr>\n"
+                            for r in chunk)
+            parts.append((f'{m["head"]}{cap}\n<thead>{thead}</thead>\n<tbody>\n{tbody}'
+                          f'</tbody></table>{m["tail"]}',
+                          (chunk[0] + 1, chunk[-1] + 1, len(rows), shown)))
+    return parts
+
+
 def cell_slides(cells: list, i: int, title: str, prose: Prose) -> list[Slide]:
     """The slides of the code cell ``i`` (tagged ``slide``), under the heading ``title``.
 
@@ -325,7 +466,14 @@ def cell_slides(cells: list, i: int, title: str, prose: Prose) -> list[Slide]:
     tables = [_static_part(_text(o["data"]["text/html"])) for o in outputs
               if 'class="tf-table"' in _text(o.get("data", {}).get("text/html", ""))]
     if tables:
-        return [Slide("table", title, f'<div class="table">{t}</div>') for t in tables]
+        out = []
+        for t in tables:
+            parts = split_table(t)
+            out += [Slide("table", title + (f" ({k + 1}/{len(parts)})" if len(parts) > 1 else ""),
+                          f'<div class="table">{t if part is None else part[0]}</div>',
+                          part=() if part is None else part[1])
+                    for k, part in enumerate(parts)]
+        return out
     text = "".join(_text(o["text"]) for o in outputs
                    if o["output_type"] == "stream" and o.get("name") == "stdout")
     groups = pack_items(text_items(text))
@@ -410,36 +558,44 @@ body { margin: 0; background: #2b2d31; color: #1f2328;
                "Liberation Sans", Arial, sans-serif; }
 .slide { box-sizing: border-box; width: %(w)dpx; height: %(h)dpx; margin: 0 auto 24px;
   padding: 44px 60px 52px; background: #fff; display: flex; flex-direction: column; gap: 18px;
-  position: relative; overflow: visible; font-size: calc(26px * min(var(--k), 1));
+  position: relative; overflow: visible;
+  font-size: max(%(body_px)dpx, calc(26px * min(var(--k), 1)));
   line-height: 1.35; }
-.slide h1 { font-size: calc(50px * min(var(--k), 1)); margin: auto 0 0; color: %(blue)s;
+.slide h1 { font-size: max(%(body_px)dpx, calc(50px * min(var(--k), 1))); margin: auto 0 0;
+  color: %(blue)s;
   line-height: 1.2; }
-.slide h2 { font-size: calc(34px * min(var(--k), 1)); margin: 0; color: %(blue)s; line-height: 1.2;
+.slide h2 { font-size: max(%(body_px)dpx, calc(34px * min(var(--k), 1))); margin: 0;
+  color: %(blue)s; line-height: 1.2;
   border-bottom: 3px solid %(blue)s; padding-bottom: 8px; }
 .slide .body { flex: 1 1 auto; min-height: 0; display: flex; flex-direction: column; gap: 12px; }
 .slide[data-kind="title"] .body { flex: 0 1 auto; margin-bottom: auto; }
-.slide .question { font-size: calc(30px * min(var(--k), 1)); margin: 0; }
+.slide .question { font-size: max(%(body_px)dpx, calc(30px * min(var(--k), 1)));
+  margin: 0; }
 .slide .source { font-size: %(body_px)dpx; margin: 0; }
 .slide .source a { color: #59636e; }
 code, pre { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberation Mono",
   monospace, "%(font)s"; }
 .slide code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberation Mono",
-  monospace, "%(font)s"; font-size: 0.9em; background: #f3f4f6; padding: 0 0.2em;
+  monospace, "%(font)s"; font-size: max(0.9em, %(body_px)dpx); background: #f3f4f6;
+  padding: 0 0.2em;
   border-radius: 3px; }
 .slide figure { margin: 0; flex: 1 1 auto; min-height: 0; display: flex; flex-direction: column;
   align-items: center; gap: 8px; }
 .slide figure img { flex: 1 1 auto; min-height: 0; max-width: 100%%; width: 100%%;
   object-fit: contain; }
-.slide figcaption { font-size: calc(%(body_px)dpx * min(var(--k), 1)); color: #444;
+.slide figcaption { font-size: %(body_px)dpx; color: #444;
   text-align: center; }
 .slide .item { margin: 0 0 0.35em; }
 .slide ul.decks { list-style: none; padding: 0; margin: 0; }
 .slide .item .mark { color: %(blue)s; font-weight: 600; }
-.slide .table { flex: 0 1 auto; min-height: 0; font-size: calc(%(body_px)dpx * var(--k)); }
+.slide .table { flex: 0 1 auto; min-height: 0;
+  font-size: calc(%(body_px)dpx * max(var(--k), 1)); }
 .slide table.tf-table { border-collapse: collapse; font-variant-numeric: tabular-nums;
   margin: 0 auto; }
 .slide table.tf-table th, .slide table.tf-table td { padding: 0.12em 0.6em; white-space: nowrap;
   border-bottom: 1px solid #d0d7de; }
+.slide table.tf-table th, .slide table.tf-table .wrap { white-space: normal; }
+.slide table.tf-table .wrap { display: inline-block; }
 .slide table.tf-table caption { caption-side: top; text-align: left; font-weight: 600;
   padding-bottom: 0.3em; }
 .slide footer { position: absolute; left: 60px; right: 60px; bottom: 16px; display: flex;
@@ -474,10 +630,11 @@ HANDOUT_STYLE = """
 }
 """
 
-# Fit each slide: its text smaller (--k, down to MIN_K) until every element of its body lies in
-# its content box (inside the padding) and the footer in the slide; a table also grows (up to
-# MAX_K_TABLE) while it fits. Then (decks only) one slide at a time, scaled to the window, with
-# keys, buttons and #N.
+# Fit each slide: --k smaller (down to MIN_K) until every element of its body lies in its
+# content box (inside the padding) and the footer in the slide; the style keeps every text at
+# MIN_TEXT_PX or more whatever --k, so a slide that cannot fit sticks out (the tests see it). A
+# table also grows (up to MAX_K_TABLE) while it fits. Then (decks only) one slide at a time,
+# scaled to the window, with keys, buttons and #N.
 SCRIPT = """
 (function () {
   var MIN_K = 0.6, MAX_K_TABLE = 1.5;
@@ -704,6 +861,10 @@ KIT_WORDS = {
                        "to bottom. In the room: ",
         "figure_notes": "Before showing it, ask what the figure will show. ",
         "table_notes": "Ask for one number of the table before showing it.",
+        "table_rows": "Rows {first} to {last} of {rows}: the table is split to stay readable.",
+        "table_columns": ("Columns shown here: {columns}; the table's other columns are on "
+                          "the next or previous slide, with the same rows."),
+        "list_sep": ", ",
         "numbers_notes": "Ask the room for each number before revealing it: the notebook's "
                          "last section computes every one.",
         "no_prompts": "(this chapter's exercises are for homework)",
@@ -736,6 +897,9 @@ KIT_WORDS = {
         "title_notes": "先提出问题、收集大家的猜测，再从头到尾运行笔记本。课上做的练习：",
         "figure_notes": "展示之前，先问大家图上会是什么。",
         "table_notes": "展示之前，先让大家猜表中的一个数。",
+        "table_rows": "第 {first} 到 {last} 行，共 {rows} 行：表格拆开放，才看得清。",
+        "table_columns": "这一页显示的列：{columns}；表格的其余列在前一页或后一页，行相同。",
+        "list_sep": "、",
         "numbers_notes": "每个数公布之前都先让大家猜：它们都由笔记本最后一节算出。",
         "no_prompts": "（本章练习留作课后作业）",
     },
@@ -1030,6 +1194,14 @@ def speaker_notes(deck: Deck, prompts: list[str], lang: str = "en") -> None:
         else:
             s.notes = html.escape(w[f"{s.kind}_notes"] if f"{s.kind}_notes" in w
                                   else w["table_notes"])
+        if s.part:
+            first, last, rows, shown = s.part
+            if (first, last) != (1, rows):
+                s.notes += " " + html.escape(w["table_rows"].format(first=first, last=last,
+                                                                    rows=rows))
+            if shown:
+                s.notes += " " + html.escape(w["table_columns"].format(
+                    columns=w["list_sep"].join(shown)))
 
 
 KIT_STYLE = """

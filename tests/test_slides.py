@@ -3,10 +3,11 @@
 Chromium (conftest.py ``browser``, one tab for every deck).
 
 Every deck of both editions, opened from its file with nothing else reachable: at least 4
-slides; each slide, reached with the arrow key, keeps every element inside its box (the deck
-sets text smaller to fit, never below 60 %); every figure loaded; the numbers on its "What you
-can now say" slides are the ones the notebook stored in that section (read here from the
-.ipynb); its Chinese characters are drawn with the book's web font, which has a glyph for each.
+slides; each slide, reached with the arrow key, keeps every element inside its box (no text
+under body size: a table too big for one slide is split over several); every figure loaded;
+the numbers on its "What you can now say" slides are the ones the notebook stored in that
+section (read here from the .ipynb); its Chinese characters are drawn with the book's web
+font, which has a glyph for each.
 The handout prints on A4: one PDF page per sheet of two slides, 2 to 4 pages a chapter, and
 nothing wider than the printable width or cut by its box (tests/test_browser.py's print check).
 """
@@ -341,21 +342,46 @@ def text_sizes(page, path: Path) -> list[tuple[int, float, str, str]]:
 @pytest.mark.parametrize("deck", ["diagram", *[c[:2] for c in CHAPTERS]])
 def test_no_text_under_body_size(page, book_html_dir, zh_html_dir, deck):
     """Projected at 1280 x 720, no text on any slide of the deck (both editions) is smaller
-    than the body size, slides.MIN_TEXT_PX (24 px; 5 % for rounding). The decks whose
-    tables shrink to fit are known failures, named here with their smallest size."""
+    than the body size, slides.MIN_TEXT_PX (24 px; 5 % for rounding): a table too big for a
+    slide at that size is split over slides (slides.split_table), never set smaller."""
     small = []
     for edition, folder in (("en", book_html_dir), ("zh", zh_html_dir)):
         sizes = text_sizes(page, folder / "slides" / f"{deck}.html")
         assert len(sizes) >= 5, (edition, deck)
         small += [f"{edition} slide {k}: {px:.1f} px <{tag}> {text!r}"
                   for k, px, tag, text in sizes if px < 0.95 * slides.MIN_TEXT_PX]
-    if small and deck in SHRINKING_TABLES:
-        pytest.xfail(f"{len(small)} texts under body size (tables shrunk to fit): {small[0]}")
     assert not small, "\n".join(small)
 
 
-# chapters whose tables (or a code line) are set smaller to fit a slide: to split over slides
-SHRINKING_TABLES = {"00", "03", "05", "07", "09"}
+
+def test_split_table_keeps_rows_header_and_columns():
+    """slides.split_table on tokenflow.viz.Table HTML: a small table stays whole; a tall one
+    goes over slides in row order, the header on each, the notes naming the rows; a wide one
+    shows the first column (and the second, after a narrow first) on every slide and every
+    other column on one, the notes naming them; the Chinese notes too. Whether each part then
+    fits at body size is checked in Chromium by test_no_text_under_body_size."""
+    from tokenflow.viz.fmt import Table
+    assert slides.split_table(Table([[1, "a"], [2, "b"]], ["n", "x"])._repr_html_()) == [None]
+    tall = Table([[k, f"row {k}"] for k in range(40)], ["n", "x"])._repr_html_()
+    parts = slides.split_table(tall)
+    assert len(parts) >= 3
+    rows = [int(n) for html_text, _ in parts
+            for n in re.findall(r"<tr><td[^>]*>(\d+)</td>", html_text)]
+    assert rows == list(range(40))
+    assert all(h.count("<th ") == 2 for h, _ in parts)
+    assert parts[0][1][0] == 1 and parts[-1][1][1:3] == (40, 40)
+    wide = Table([[k] + [f"column {c} of row {k}, a long cell" for c in range(8)]
+                  for k in range(3)], ["n"] + [f"c{c}" for c in range(8)])._repr_html_()
+    parts = slides.split_table(wide)
+    shown = [p[1][3] for p in parts]
+    assert len(parts) >= 2 and all(s[0] == "n" for s in shown)
+    assert {c for s in shown for c in s[1:]} == {f"c{c}" for c in range(8)}
+    assert sum(len(s) for s in shown) < 9 + 2 * len(shown)     # only the key columns repeat
+    for lang, word in (("en", "Columns shown here"), ("zh_CN", "这一页显示的列")):
+        deck = slides.Deck("00", "notebooks/00_x", "t", [
+            slides.Slide("table", "t", h, part=part) for h, part in parts])
+        slides.speaker_notes(deck, [], lang)
+        assert all(word in s.notes and "c0" in deck.slides[0].notes for s in deck.slides)
 
 
 def test_kit_without_a_browser():
