@@ -141,19 +141,20 @@ def _controls_html(controls: dict, default: dict) -> str:
     parts = []
     for name, values in controls.items():
         labels = [str(v) for v in values]
+        shown = html.escape(tr(name))
         i = default[name]
         data = html.escape(json.dumps(labels, ensure_ascii=False), quote=True)
         if all(isinstance(v, numbers.Number) and not isinstance(v, bool) for v in values):
             ctl = (f'<input type="range" data-tf-ctl min="0" max="{len(values) - 1}" step="1" '
-                   f'value="{i}" data-labels="{data}" aria-label="{html.escape(name)}" '
+                   f'value="{i}" data-labels="{data}" aria-label="{shown}" '
                    f'oninput="{js}">'
                    f' <span class="tf-val">{html.escape(labels[i])}</span>')
         else:
             opts = "".join(f'<option value="{k}"{" selected" if k == i else ""}>'
                            f"{html.escape(s)}</option>" for k, s in enumerate(labels))
-            ctl = (f'<select data-tf-ctl data-labels="{data}" aria-label="{html.escape(name)}" '
+            ctl = (f'<select data-tf-ctl data-labels="{data}" aria-label="{shown}" '
                    f'oninput="{js}" onchange="{js}">{opts}</select>')
-        parts.append(f'<label class="tf-ctl">{html.escape(name)} {ctl}</label>')
+        parts.append(f'<label class="tf-ctl">{shown} {ctl}</label>')
     return "\n".join(parts)
 
 
@@ -304,7 +305,7 @@ def _live_controls(controls: dict, index: dict) -> dict:
     for name, values in controls.items():
         values = list(values)
         numeric = all(isinstance(v, numbers.Number) and not isinstance(v, bool) for v in values)
-        kw = dict(options=values, value=values[index[name]], description=name,
+        kw = dict(options=values, value=values[index[name]], description=tr(name),
                   style={"description_width": "initial"})
         out[name] = (widgets.SelectionSlider(continuous_update=False, **kw) if numeric
                      else widgets.Dropdown(**kw))

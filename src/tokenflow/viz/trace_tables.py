@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import textwrap
 
+from .lang import tr
+
 
 __all__ = ["decode_trace_summary", "decode_trace_explorer", "trace_table", "TRACE_SHAPES_WHERE",
            "trace_shapes_table", "trace_shapes_view", "trace_shapes_static",
@@ -25,8 +27,8 @@ def decode_trace_summary(config, batch_size: int, seq_len: int, num_experts: int
     from .diagram import diagram_trace_table
     trace = trace_shapes(config, batch_size, seq_len, num_experts=num_experts)
     route = next(e for e in trace.events if e.action == "route top-k")
-    head = (textwrap.fill(router_sentence(batch_size * seq_len, route.out_shape[-1],
-                                          num_experts), 90) + "\n" if router else "")
+    head = (textwrap.fill(tr(router_sentence(batch_size * seq_len, route.out_shape[-1],
+                                             num_experts)), 90) + "\n" if router else "")
     return head + diagram_trace_table(trace, layers=(0, 1))
 
 
@@ -74,7 +76,7 @@ def trace_shapes_view(config, batch_size: int, seq_len: int, num_experts: int):
     t = trace_shapes_table(config, batch_size, seq_len, num_experts)
     route = next(r for r in t.rows if r[1] == "route top-k")
     K = int(route[4].strip("[]").split(",")[-1])
-    t.title = router_sentence(batch_size * seq_len, K, num_experts)
+    t.title = tr(router_sentence(batch_size * seq_len, K, num_experts))
     return t
 
 
