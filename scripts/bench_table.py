@@ -215,7 +215,8 @@ def ops_table(data: dict, models: tuple = ("tiny", "dense-92m"), threads: str = 
     peak = o["peak"][threads]
     notes = (f"{steps}. Floors at this machine's measured fp32 GEMM peak, "
              f"{peak['gflops']:.0f} GFLOP/s, and memory bandwidth, {peak['gbs']:.1f} GB/s "
-             f"({threads} thread). Measured {o['date']}, torch {o['torch']}; load average "
+             f"({threads} thread{'' if str(threads) == '1' else 's'}). Measured {o['date']}, "
+             f"torch {o['torch']}; load average "
              f"{o['load_before']:.1f} at the start and {o['load_after']:.1f} at the end.")
     return "\n".join(lines) + "\n\n" + notes
 

@@ -139,7 +139,12 @@ def test_ops_table_comes_from_the_json():
                         "| 30.0 (4.0x) |")
     assert lines[3] == "| sampling | 0.5 | 0.5 | 0.5 | 0.5 |"
     assert lines[4] == "| whole step | 500.0 | 40.0 | 500.0 | 40.0 |"
-    assert "120 GFLOP/s" in lines[-1] and "9.5 GB/s" in lines[-1]
+    assert "120 GFLOP/s" in lines[-1] and "9.5 GB/s" in lines[-1] and "(1 thread)" in lines[-1]
+    data["ops"]["peak"]["2"] = {"gflops": 230.0, "gbs": 14.0}
+    for m in ("tiny", "dense-92m"):
+        data["ops"]["models"][m]["2"] = model
+    two = bench_table.ops_table(data, threads="2").splitlines()[-1]
+    assert "230 GFLOP/s" in two and "14.0 GB/s" in two and "(2 threads)" in two
 
 
 def test_ops_summary_names_the_gemm_share_and_the_next_classes():

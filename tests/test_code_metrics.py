@@ -44,3 +44,19 @@ def test_architecture_md_shows_the_figures_of_the_code():
     assert code_metrics.stored_table() == code_metrics.table(), (
         "ARCHITECTURE.md's code_metrics table is stale: run python scripts/code_metrics.py "
         "--write")
+
+
+def test_p90_and_the_model_folder_count_exactly(tmp_path):
+    """Eleven functions of 1..11 code lines: the median is 6 and p90 is the value at rank
+    0.9 * (11 - 1) = 9 (0-based), 10 lines. Only files directly in ``model/`` count as the
+    model; a folder below it or beside it does not."""
+    funcs = "\n\n".join(f"def f{n}():\n" + "\n".join(f"    v{i} = {i}" for i in range(n))
+                        for n in range(1, 12))
+    (tmp_path / "lib.py").write_text(funcs + "\n")
+    for folder in ("model/sub", "mymodel"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "x.py").write_text("x = 1\n")
+    (tmp_path / "model" / "y.py").write_text("y = 1\nz = 2\n")
+    m = code_metrics.measure(tmp_path)
+    assert m["functions"] == 11 and m["median"] == 6 and m["p90"] == 10
+    assert m["model_lines"] == 2

@@ -386,7 +386,7 @@ def test_an_explorer_starts_where_the_chapter_does_or_at_the_grids_first_value()
     from tokenflow.analysis.costmodel import reference_config
     from tokenflow.viz import roofline_static
     ds = reference_config("DeepSeek-V3")
-    ex = roofline_static(ds, hw_names=("H200", "H800"), batch=(8, 64), ep_size=(32,))
-    assert ex.default == {"hardware": 1, "batch": 1, "EP": 0}
+    ex = roofline_static(ds, hw_names=("H200", "H800"), batch=(8, 64), ep_size=(8, 32))
+    assert ex.default == {"hardware": 1, "batch": 1, "EP": 1}
     ex = roofline_static(ds, hw_names=("H200",), batch=(1, 8), ep_size=(8, 256))
     assert ex.default == {"hardware": 0, "batch": 0, "EP": 0}

@@ -163,4 +163,7 @@ def test_the_lab_css_reaches_widget_form_controls():
     rule = re.search(r"select, option[^{]*\{ font-family: ([^;]+);", lab)
     assert rule and rule.group(1).startswith(family)
     assert f"--jp-ui-font-family: {family}" in lab
+    # code keeps a monospace font first; the web font only fills in the Chinese characters
+    code = re.search(r"--jp-code-font-family: ([^;]+);", lab).group(1)
+    assert code.startswith("menlo") and code.rstrip(" !important").endswith(family)
     assert "--jp-" not in book

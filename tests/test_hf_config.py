@@ -265,3 +265,15 @@ def test_rope_scaling_without_its_original_length_takes_the_hf_default(kind, ext
     want = hf.rope_parameters.get("original_max_position_embeddings")
     assert (want == 8192) == (kind != "linear")
     assert ours.rope_scaling.get("original_max_position_embeddings") == want
+
+
+def test_qwen2_moe_without_qkv_bias_has_q_k_v_biases_as_transformers_does():
+    """Qwen1.5-MoE's config.json has no ``qkv_bias``; transformers' Qwen2MoeConfig defaults it
+    to True, and so does the parser: biases on q, k, v, none on o."""
+    from tokenflow.config.hf_config import parse_hf_config
+    raw = _raw("qwen2_moe", 2)
+    assert "qkv_bias" not in raw
+    assert transformers.AutoConfig.for_model("qwen2_moe").qkv_bias is True
+    kw = parse_hf_config(raw)
+    assert kw["attention_bias"] is True and kw["attention_out_bias"] is False
+    assert parse_hf_config({**raw, "qkv_bias": False})["attention_bias"] is False

@@ -645,3 +645,17 @@ def test_deepseek_v3_router_is_noaux_tc_and_other_methods_are_refused():
         interop.to_hf_config(mla, "deepseek_v3")
     with pytest.raises(ValueError, match="topk_method"):
         ModelConfig(topk_method="top2")
+
+
+def test_deepseek_v3_group_rules_at_their_edges():
+    """DeepseekV3TopkRouter scores a group by its top-2 experts: one expert per group is
+    refused, two are enough; with two or more groups only 'noaux_tc' ranks them like HF."""
+    from tokenflow.interop.hf_architectures import moe_block_problem
+    cfg = lambda **kw: _moe_cfg(scoring_func="sigmoid", **kw)  # noqa: E731
+    assert "at least 2 experts per group" in moe_block_problem(
+        cfg(n_group=8, topk_group=2), "deepseek_v3")
+    assert moe_block_problem(cfg(n_group=4, topk_group=2), "deepseek_v3") is None
+    assert "noaux_tc" in moe_block_problem(
+        cfg(n_group=2, topk_group=1, topk_method="group_limited_greedy"), "deepseek_v3")
+    assert moe_block_problem(cfg(n_group=1, topk_group=1, topk_method="greedy"),
+                             "deepseek_v3") is None

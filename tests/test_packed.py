@@ -292,3 +292,26 @@ def test_padded_storage_gives_the_same_tokens_and_counts_its_padding(model):
               for s in runs["padded"][1]]
     assert [s.num_positions for s in runs["padded"][1]] == padded
     assert sum(padded) > sum(s.num_tokens for s in runs["padded"][1])
+
+
+def test_a_mixed_step_puts_its_decode_rows_first_in_one_group():
+    """In a step with two decoding requests and a new prompt, the packed forward sees the two
+    decode rows first (``num_decode`` 2: one batched attention call for them), then the
+    prompt chunk."""
+    model = random_model()
+    seen = []
+    real = model.forward_packed
+
+    def spy(ids, step, *a, **kw):
+        seen.append((step.num_decode, step.num_tokens))
+        return real(ids, step, *a, **kw)
+
+    model.forward_packed = spy
+    eng = LLMEngine(model, num_blocks=16, block_size=4)
+    for p in ([5, 6, 7], [8, 9, 10, 11]):
+        eng.add_request(p, SamplingParams(4, ignore_eos=True))
+    eng.step()                                        # both prompts
+    eng.add_request([12, 13, 14, 15, 16], SamplingParams(2, ignore_eos=True))
+    eng.step()                                        # two decodes + the new prompt
+    assert seen[0][0] == 0
+    assert seen[1] == (2, 2 + 5)

@@ -234,6 +234,8 @@ def test_rebase_links_moves_only_links_out_of_the_folder(tmp_path):
                      '[d](#top) ![e](../../_static/f.png "t") <img src="../../img/g.png"> '
                      '[h](./sub/i.md)')
     assert zh_notebooks.rebase_links(moved, zh, nbs) == text
+    assert zh_notebooks.rebase_links("[here](./) [up](../)", nbs, zh) == \
+        "[here](./) [up](../..)"
     i18n = _script("tokenflow_i18n")
     zh.mkdir(parents=True)
     for name in ("book/references.md", "_static/f.png", "img/g.png"):
