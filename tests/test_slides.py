@@ -476,3 +476,17 @@ def test_deck_content_comes_from_the_notebook(tmp_path):
     path.write_text(json.dumps(nb), encoding="utf-8")
     with pytest.raises(ValueError, match="tagged 'slide'"):
         slides.chapter_deck(path, tmp_path)
+
+
+def test_pack_items_fills_a_slide_exactly_to_its_line_budget():
+    """Items of one line each: a budget of 3 lines holds exactly 3 per slide, in order; a
+    two-line item that would cross the budget starts the next slide; an item longer than the
+    budget gets a slide of its own; wide characters count two columns."""
+    one = "x" * slides.CHARS_PER_LINE
+    assert slides.pack_items([one] * 7, lines=3) == [[one] * 3, [one] * 3, [one]]
+    two = "y" * (slides.CHARS_PER_LINE + 1)
+    assert slides.pack_items([one, one, two], lines=3) == [[one, one], [two]]
+    huge = "z" * (slides.CHARS_PER_LINE * 5)
+    assert slides.pack_items([one, huge, one], lines=3) == [[one], [huge], [one]]
+    wide = "中" * (slides.CHARS_PER_LINE // 2 + 1)              # 2 lines of columns
+    assert slides.pack_items([one, one, wide], lines=3) == [[one, one], [wide]]
