@@ -1,4 +1,4 @@
-"""Benchmark the MoE layer (issue F3): vectorised dispatch/combine vs the token loop, and the
+"""Benchmark the MoE layer: vectorised dispatch/combine vs the token loop, and the
 expert-parallel run's wall time split into compute and communication.
 
     .venv/bin/python benchmarks/bench_moe.py            # T=4096, E=64, K=6, H=256, I=128

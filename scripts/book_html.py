@@ -1,4 +1,4 @@
-"""Sphinx extension: page-level fixes for the HTML book ([F8]).
+"""Sphinx extension: page-level fixes for the HTML book.
 
 sphinx-thebe (always loaded by Jupyter Book 1) adds its config script from the
 ``env-before-read-docs`` event, which Sphinx 7.4 registers both on the app and on the HTML

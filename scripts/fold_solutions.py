@@ -1,4 +1,4 @@
-"""Fold every exercise solution, in the book and in a plain JupyterLab (issue [W1]).
+"""Fold every exercise solution, in the book and in a plain JupyterLab.
 
 An exercise in a chapter notebook is a markdown cell that ends with a ``:::{dropdown} Solution``
 block, followed by the code cell that computes the answer. This script, run on

@@ -1,4 +1,4 @@
-"""Teaching slides and a printable handout, made from the chapters themselves ([W1]).
+"""Teaching slides and a printable handout, made from the chapters themselves.
 
 One deck per chapter, ``slides/NN.html`` next to the book's pages (``_build/html/slides/``, and
 ``_build/html/zh/slides/`` for the Chinese edition), with ``slides/index.html`` and

@@ -30,7 +30,7 @@ SLOW_FIRST = ("tests/test_browser_zh.py", "tests/test_browser.py", "tests/test_n
               "tests/test_expert_parallel.py", "tests/test_model_page.py")
 
 
-# [P1] nbval re-runs every notebook in a kernel whose CPU code paths differ from the ones that
+# nbval re-runs every notebook in a kernel whose CPU code paths differ from the ones that
 # wrote the stored outputs: ATen's portable kernels instead of AVX2 / AVX-512 ones, one thread.
 # A stored output that depends on the host (last-bit rounding of a reduction, a timing that is
 # not tagged nbval-ignore-output) then fails here, on the machine that wrote it, and not first

@@ -1,4 +1,4 @@
-"""Chapter 2 (issue F2): attention reads the KV cache; the cache's size; cached == recomputed;
+"""Chapter 2: attention reads the KV cache; the cache's size; cached == recomputed;
 the causal mask when the query is shorter than the keys (decode, chunked prefill)."""
 import math
 

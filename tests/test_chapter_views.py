@@ -1,4 +1,4 @@
-"""Chapters 00-02 (issue F8): the tables and kernel-less explorers the chapters show.
+"""Chapters 00-02: the tables and kernel-less explorers the chapters show.
 
 Each check compares what is shown with a value computed here from the tensors or written out
 by hand (shapes, byte formulas, RMS), not with the helpers' own output.

@@ -1,4 +1,4 @@
-"""Damaged weights files (issue R2 item 8): load_model / load_pretrained raise the documented
+"""Damaged weights files: load_model / load_pretrained raise the documented
 ValueError naming the file, and for a wrong tensor its name and both shapes."""
 import json
 import re

@@ -488,7 +488,7 @@ def test_node_arguments_are_honoured_and_the_a2a_table_reconciles():
         pytest.approx(K * 143 / 144 * H * 3 / 1e3)
 
 
-# ---- issue R2 item 10: the one-KV-head-per-device floor (tp > num_key_value_heads) ----
+# ---- the one-KV-head-per-device floor (tp > num_key_value_heads) ----
 @pytest.mark.parametrize("name, tp", [("Llama-3-8B", 16), ("Llama-3-8B", 32),
                                       ("Llama-3-8B", 8), ("Llama-3-8B", 4)])
 def test_kv_cache_keeps_one_head_per_device_beyond_the_kv_heads(name, tp):

@@ -1,4 +1,4 @@
-"""Expert parallelism over real processes (issue F3): torch.distributed (gloo, loopback) with
+"""Expert parallelism over real processes: torch.distributed (gloo, loopback) with
 W = 1, 2, 4 ranks gives the single-process MoE output, and the bytes each rank sends match the
 all-to-all formula. Each run forks its ranks from a forkserver (one thread each), with a 60 s
 timeout; the whole file takes a few seconds."""

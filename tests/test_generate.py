@@ -1,4 +1,4 @@
-"""The running example end to end, generation, sampling arguments (issue F1)."""
+"""The running example end to end, generation, sampling arguments."""
 import pytest
 import torch
 

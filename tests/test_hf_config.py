@@ -1,4 +1,4 @@
-"""HF-config fallbacks (issue R2 items 5 and 10): Qwen's sliding-window layers derived as
+"""HF-config fallbacks: Qwen's sliding-window layers derived as
 transformers derives them when ``layer_types`` is absent, and a list of EOS ids kept whole
 (ModelConfig.eos_token_ids; generate stops at any)."""
 import pytest

@@ -1,4 +1,4 @@
-"""Chapter 1 (issue F2): tokenizer split, embedding lookup, the hidden state and its sizes."""
+"""Chapter 1: tokenizer split, embedding lookup, the hidden state and its sizes."""
 import math
 
 import matplotlib

@@ -340,7 +340,7 @@ def test_zh_toc_captions_follow_the_catalog(zh_html):
 
 
 def test_zh_pages_ship_their_web_font(zh_html):
-    """[P1] Every zh page links the stylesheet that declares the shipped CJK web font, the font
+    """Every zh page links the stylesheet that declares the shipped CJK web font, the font
     file and its licence are in the build, the stylesheet embeds exactly that font, and the font
     has a glyph for every CJK character of every page's text (a browser without a Chinese
     system font draws no boxes)."""

@@ -1,4 +1,4 @@
-"""Ours == Hugging Face transformers, with mapped weights (issue F7).
+"""Ours == Hugging Face transformers, with mapped weights.
 
 Whole models: the dense preset against ``LlamaForCausalLM``, the MoE preset without shared
 experts against ``MixtralForCausalLM``, and the book's MoE preset ``tiny`` (dense first layer,

@@ -1,4 +1,4 @@
-"""Shapes, KV cache == recompute, and clear errors for bad input (issue F1)."""
+"""Shapes, KV cache == recompute, and clear errors for bad input."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""MoE (issue F3): vectorised dispatch/combine == the obvious loop, router edge cases,
+"""MoE: vectorised dispatch/combine == the obvious loop, router edge cases,
 DeepSeek-style selection bias, load statistics, MoE communication formulas."""
 import math
 
@@ -370,7 +370,7 @@ def test_moe_comm_formulas():
         moe_a2a_bytes(1, 1, 1, 0)
 
 
-# ------------------------------------------------- issue R2 item 9: the aux loss skips padding
+# ------------------------------------------------- the aux loss skips padding
 def _aux_losses(model, ids, **kw):
     model(ids, **kw)
     return torch.stack([layer.mlp.aux_loss for layer in model.layers if layer.is_moe])

@@ -1,4 +1,4 @@
-"""Stored notebook outputs do not depend on the inline backend's settings (issue R1 item 8).
+"""Stored notebook outputs do not depend on the inline backend's settings.
 
 A tiny notebook with one figure is executed with the default dpi and then checked by nbval in
 a kernel whose config sets ``InlineBackend.rc = {'figure.dpi': 72}``: with the project's
@@ -48,7 +48,7 @@ def test_figure_repr_is_independent_of_the_inline_dpi(tmp_path):
 
 
 def test_inline_svg_markup_is_not_compared_but_text_is(tmp_path):
-    """[P1] An inline-SVG figure (precomputed_explorer kind="svg", as chapters 01 and 02 use)
+    """An inline-SVG figure (precomputed_explorer kind="svg", as chapters 01 and 02 use)
     whose geometry changes (here its width, as a different font or FreeType would change it)
     passes with the sanitizer and fails without; a changed printed line still fails with it."""
     src = ("import os\nimport matplotlib\nmatplotlib.use('agg')\nimport matplotlib.pyplot as plt\n"

@@ -1,4 +1,4 @@
-"""The paged KV cache (issue F5) against the contiguous one, for GQA and MLA.
+"""The paged KV cache against the contiguous one, for GQA and MLA.
 
 References: each sequence run alone through the contiguous :class:`KVCache` (``prefill`` +
 ``decode_step``), the model without any cache (recompute), a hand-computed slot of every

@@ -201,7 +201,7 @@ def test_mla_decode_counts_the_absorbed_form_that_runs():
     assert causal["attention_scores"] == 136 * ds.num_hidden_layers * 2 * nh * (192 + 128)
 
 
-# ---- issue R2 item 10: kinds a planted bug got past ----------------------------------
+# ---- kinds a planted bug got past ----------------------------------
 @pytest.mark.parametrize("B, S, past", [(3, 7, 0), (4, 1, 5), (2, 9, 4)])
 def test_lm_head_last_at_batch_above_one_matches_the_counter(B, S, past):
     """``logits="last"`` computes one LM-head row per sequence (``B`` rows), as the model

@@ -1,4 +1,4 @@
-"""The serving engine (issue F5): engine output == ``generate`` per request, block
+"""The serving engine: engine output == ``generate`` per request, block
 bookkeeping, scheduling decisions, rejections and settings errors.
 
 The reference for every request is :func:`tokenflow.inference.generate` run on that request alone

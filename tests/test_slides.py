@@ -1,4 +1,4 @@
-"""The teaching kit [W1]: a slide deck per chapter and an A4 handout, built with the book
+"""The teaching kit: a slide deck per chapter and an A4 handout, built with the book
 (scripts/slides.py runs as a Sphinx extension in both editions' builds), read in headless
 Chromium (conftest.py ``browser``, one tab for every deck).
 

@@ -1,4 +1,4 @@
-"""Tokenizer (issue R2 item 7): text that spells a special token stays text; special tokens
+"""Tokenizer: text that spells a special token stays text; special tokens
 only by explicit opt-in (``allowed_special``); the HF export agrees."""
 import pytest
 

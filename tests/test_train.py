@@ -1,4 +1,4 @@
-"""Training and checkpoint round trip (issue F1): quick, on a temporary folder."""
+"""Training and checkpoint round trip: quick, on a temporary folder."""
 import torch
 
 from tokenflow import load_model, save_model

@@ -231,7 +231,7 @@ def test_say_wraps_by_display_width_under_the_first_word(capsys):
         say("a", width=19)
 
 
-# ---- agree: agreement printed as a claim with its tolerance [P1] ------------------------------
+# ---- agree: agreement printed as a claim with its tolerance ------------------------------
 def test_agree_prints_the_claim_not_the_noise():
     import torch
     from tokenflow.viz import agree

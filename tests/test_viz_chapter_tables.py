@@ -1,5 +1,5 @@
-"""The formatting helpers chapters 05 and 06 call instead of building rows in their cells
-(issue C1 item 15): serving workloads, steps, batching, packing and preemptions; the diagram's
+"""The formatting helpers chapters 05 and 06 call instead of building rows in their cells:
+serving workloads, steps, batching, packing and preemptions; the diagram's
 arrow actions; the logit lens as a sentence and as tables.
 
 Every input is small and made here (hand-built StepRecords, engines as plain namespaces, lens

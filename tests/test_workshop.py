@@ -1,4 +1,4 @@
-"""The workshop kit [W1]: solutions folded in JupyterLab and the book, the participant notebooks,
+"""The workshop kit: solutions folded in JupyterLab and the book, the participant notebooks,
 the preflight ``python -m tokenflow.check`` and the timetables of book/workshop.md."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""YaRN at DeepSeek-like sizes (issue R2 item 10): the correction range is compared with
+"""YaRN at DeepSeek-like sizes: the correction range is compared with
 transformers where it is NOT clamped (rotated head dim 64, 4,096 original positions, factor
 40), plus neighbours; the older tests used sizes where the range clamps to [0, 1]."""
 import math
