@@ -1,4 +1,5 @@
-"""What several test files share: small random models and an attention the FLOP counter sees.
+"""What several test files share: small random models, an attention the FLOP counter sees, and
+the import of a ``scripts/`` file as a module.
 
 Import it as ``from helpers import random_model`` (pytest puts ``tests/`` on ``sys.path``);
 ``conftest.py`` keeps only fixtures and pytest hooks.
@@ -6,11 +7,26 @@ Import it as ``from helpers import random_model`` (pytest puts ``tests/`` on ``s
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
+import sys
+from pathlib import Path
 
 import torch
 
 from tokenflow import TokenFlowModel, preset
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def load_script(name: str, module_name: str | None = None):
+    """``scripts/<name>.py`` imported as a module, registered in ``sys.modules`` under
+    ``module_name`` (default ``name``; its dataclasses need the registration)."""
+    module_name = module_name or name
+    spec = importlib.util.spec_from_file_location(module_name, SCRIPTS / f"{name}.py")
+    sys.modules[module_name] = module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def random_model(seed: int = 0, **overrides) -> TokenFlowModel:

@@ -2,16 +2,15 @@
 the committed page must equal what scripts/bench_table.py renders, and a changed JSON changes
 the page."""
 import copy
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from helpers import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("bench_table", ROOT / "scripts" / "bench_table.py")
-bench_table = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_table)
+bench_table = load_script("bench_table")
 
 
 def test_page_table_is_the_json():

@@ -16,6 +16,8 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 
+from helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER0 = "notebooks/00_token_flow"
 WIDGET_STATE_MIME = "application/vnd.jupyter.widget-state+json"
@@ -240,10 +242,7 @@ def test_every_page_names_the_licences_in_its_footer(html_dir):
 def test_front_page_and_workshop_link_the_book_pdf(html_dir):
     """`make pdf` (scripts/book_pdf.py) writes each edition's whole book next to its pages; the
     front page and the workshop page link it (the Chinese edition: tests/test_i18n.py)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("book_pdf", ROOT / "scripts" / "book_pdf.py")
-    book_pdf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(book_pdf)
+    book_pdf = load_script("book_pdf")
     for name in ("book/intro", "book/workshop"):
         page = html_dir / f"{name}.html"
         hrefs = re.findall(r'<p class="tf-pdf"><a href="([^"]+)"', page.read_text(encoding="utf-8"))

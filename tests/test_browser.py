@@ -23,19 +23,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "_build" / "screenshots"
 
 
-def _book_pdf():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("book_pdf", ROOT / "scripts" / "book_pdf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-book_pdf = _book_pdf()
+book_pdf = load_script("book_pdf")
 A4_WIDTH_PX, PRINT_JS = book_pdf.A4_WIDTH_PX, book_pdf.PRINT_JS
 # the page list and the quiet static server are the PDF script's (one copy)
 toc_pages, _Quiet = book_pdf.toc_pages, book_pdf._Quiet

@@ -1,13 +1,12 @@
 """The code-size figures of ``scripts/code_metrics.py``: measured as its docstring says, and
 ARCHITECTURE.md's table shows the figures of the code as it is."""
-import importlib.util
 import textwrap
 from pathlib import Path
 
+from helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("code_metrics", ROOT / "scripts" / "code_metrics.py")
-code_metrics = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(code_metrics)
+code_metrics = load_script("code_metrics")
 
 
 def test_the_figures_of_a_small_package(tmp_path):

@@ -9,14 +9,14 @@ renderer).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -211,12 +211,7 @@ def test_trace_notes_agree_in_number(pretrained):
 
 # --- the slides' text -----------------------------------------------------------------------
 def _slides():
-    spec = importlib.util.spec_from_file_location("tokenflow_slides_prose",
-                                                  ROOT / "scripts" / "slides.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("slides", "tokenflow_slides_prose")
 
 
 def test_math_text_renders_the_formulas_the_handout_shows():

@@ -10,7 +10,6 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 import warnings
 from pathlib import Path
@@ -18,19 +17,15 @@ from pathlib import Path
 import matplotlib
 import pytest
 
+from helpers import load_script
+
 matplotlib.use("Agg")
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _build_fonts():
-    spec = importlib.util.spec_from_file_location(
-        "build_fonts", ROOT / "scripts" / "build_fonts.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["build_fonts"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("build_fonts")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 
 import hashlib
-import importlib.util
 import json
 import re
 import shutil
@@ -25,17 +24,15 @@ import pytest
 import yaml
 from babel.messages.pofile import read_po, write_po
 
+from helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 PO_DIR = ROOT / "locale" / "zh_CN" / "LC_MESSAGES"
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(name)
 
 
 i18n = _load("i18n")

@@ -3,22 +3,19 @@ after a re-run; README, "Regenerating notebook outputs"), and the strip touches 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
 def _load_strip():
-    spec = importlib.util.spec_from_file_location("strip_notebooks",
-                                                  ROOT / "scripts" / "strip_notebooks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("strip_notebooks")
 
 
 strip_notebooks = _load_strip()

@@ -10,6 +10,8 @@ from tokenflow.serving.peer import (PEER_ENGINE_ARGS, VLLM_COUNTERPARTS, compare
 from tokenflow.viz import counterparts_table, peer_summary, peer_table
 from tokenflow import preset
 
+from helpers import load_script
+
 
 @pytest.fixture(scope="module")
 def workload(pretrained):
@@ -275,13 +277,7 @@ def test_peer_table_columns_are_ours_then_vllm():
 
 
 def _script():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "scripts" / "vllm_peer.py"
-    spec = importlib.util.spec_from_file_location("vllm_peer_script", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("vllm_peer", "vllm_peer_script")
 
 
 def test_script_agrees_needs_every_token_and_the_logprobs():

@@ -14,26 +14,22 @@ nothing wider than the printable width or cut by its box (tests/test_browser.py'
 from __future__ import annotations
 
 import base64
-import importlib.util
 import io
 import json
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from test_browser import A4_WIDTH_PX, PRINT_JS
 
+from helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script(name: str):
-    """Import scripts/<name>.py as a module (registered: its dataclasses need that)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    sys.modules[name] = mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(name)
 
 
 slides = _script("slides")
