@@ -9,7 +9,7 @@ import torch
 
 from tokenflow import load_pretrained
 
-from helpers import random_model
+from helpers import NBVAL_KERNEL_ENV, random_model, wide_random_model
 
 torch.set_num_threads(1)
 
@@ -35,8 +35,7 @@ SLOW_FIRST = ("tests/test_browser_zh.py", "tests/test_browser.py", "tests/test_n
 # A stored output that depends on the host (last-bit rounding of a reduction, a timing that is
 # not tagged nbval-ignore-output) then fails here, on the machine that wrote it, and not first
 # on a reader's laptop. Notebooks print agreement as a claim (tokenflow.viz.agree) instead.
-NBVAL_KERNEL_ENV = {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1",
-                    "MKL_NUM_THREADS": "1"}
+# The environment is NBVAL_KERNEL_ENV (tests/helpers.py, where the tests read it too).
 
 
 def _perturb_nbval_kernels() -> None:
@@ -89,6 +88,13 @@ def pretrained():
 @pytest.fixture
 def make_model():
     return random_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A random tiny MoE model with wide weights (clear greedy choices), one per test file; a
+    file that needs another model (GQA and MLA, other sizes) defines its own ``model``."""
+    return wide_random_model(seed=0)
 
 
 @pytest.fixture(scope="session")

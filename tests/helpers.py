@@ -19,6 +19,11 @@ from tokenflow import TokenFlowModel, preset
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
+# The CPU environment conftest.py gives every kernel nbval starts (see the comment there).
+NBVAL_KERNEL_ENV = {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1",
+                    "MKL_NUM_THREADS": "1"}
+
+
 def load_script(name: str, module_name: str | None = None):
     """``scripts/<name>.py`` imported as a module, registered in ``sys.modules`` under
     ``module_name`` (default ``name``; its dataclasses need the registration)."""

@@ -18,7 +18,7 @@ from tokenflow.viz import (block_table_figure, block_table_rows, block_table_sen
                            chunked_prefill_sentence, kv_slot_sentence,
                            explore, kv_slot_table, kv_slot_usage, moe_routing_static,
                            serving_counts, serving_static, trace_shapes_static)
-from conftest import random_model  # noqa: E402
+from helpers import random_model  # noqa: E402
 
 
 def _png_payload(fragment: str) -> str:

@@ -84,7 +84,7 @@ def test_no_stored_output_prints_rounding_noise(path):
 def test_nbval_kernels_run_with_a_perturbed_cpu_environment():
     """The conftest hook is installed and passes NBVAL_KERNEL_ENV to each kernel nbval starts."""
     import nbval.kernel as nbval_kernel
-    from conftest import NBVAL_KERNEL_ENV      # the hook's own setting
+    from helpers import NBVAL_KERNEL_ENV      # the hook's own setting
     start = nbval_kernel.start_new_kernel
     assert getattr(start, "tokenflow_perturbed", False), "nbval's kernels are not perturbed"
     assert NBVAL_KERNEL_ENV["ATEN_CPU_CAPABILITY"] == "default"

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from tokenflow.analysis.lenses import BLOCK_MODULES, PIPELINE_STAGES, profile_engine_run
 from tokenflow.serving import LLMEngine, SamplingParams, run_with_arrivals
 
-from helpers import random_model, wide_random_model
+from helpers import random_model
 
 SETTINGS = dict(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=32)
 
@@ -22,11 +22,6 @@ def _workload():
     params = [SamplingParams(n, temperature=0.8, seed=i, ignore_eos=True)
               for i, n in enumerate((6, 9, 4, 8, 5, 7))]
     return prompts, params, [0, 0, 2, 3, 5, 9]
-
-
-@pytest.fixture(scope="module")
-def model():
-    return wide_random_model(seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,6 @@ from tokenflow.serving import (DECODE, PREFILL, WAIT, LLMEngine, SamplingParams,
                                mixed_workload, request_timeline, run_with_arrivals)
 from tokenflow.viz import serving_explorer  # noqa: E402
 
-from helpers import wide_random_model  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def model():
-    """Random tiny MoE model with wide weights (clear greedy choices)."""
-    return wide_random_model(seed=0)
 
 
 def _prompts(n, lengths):

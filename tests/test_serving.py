@@ -14,15 +14,8 @@ import torch
 from tokenflow import generate
 from tokenflow.serving import (BlockManager, LLMEngine, Request, SamplingParams, Scheduler)
 
-from helpers import wide_random_model
 
 BLOCK = 4
-
-
-@pytest.fixture(scope="module")
-def model():
-    """Random tiny MoE model with wide weights (clear greedy choices)."""
-    return wide_random_model(seed=0)
 
 
 def _ids(n, seed):

@@ -27,11 +27,6 @@ from helpers import wide_random_model
 BS = 4
 
 
-@pytest.fixture(scope="module")
-def model():
-    return wide_random_model(seed=0)
-
-
 def _ids(n, seed):
     return torch.randint(4, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
