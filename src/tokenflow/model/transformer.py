@@ -78,7 +78,7 @@ class TokenFlowModel(nn.Module):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
     # ----------------------------------------------------------------- checks
-    def _check_inputs(self, input_ids, kv_cache, attention_mask, token_mask):
+    def _check_inputs(self, input_ids, kv_cache, attention_mask, token_mask=None):
         c = self.config
         token_id_tensor("input_ids", input_ids, c.vocab_size)
         if kv_cache is not None:
