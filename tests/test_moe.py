@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from tokenflow import Trace, preset
+from tokenflow import Trace, TokenFlowModel, preset
 from tokenflow.analysis.costmodel import (expected_remote_fraction, moe_a2a_bytes,
                                  moe_comm_bytes_per_token, num_moe_layers, reference_config)
 from tokenflow.model.moe import MoE, check_top_k, combine, dispatch, route, run_experts
@@ -227,10 +227,6 @@ def test_k_greater_than_e_raises():
         check_top_k(9, 8, name="num_experts_per_tok")
     with pytest.raises(ValueError, match="top_k"):
         load_stats(torch.zeros(3, 5, dtype=torch.long), 4)
-    moe = make_moe(num_experts=4, num_experts_per_tok=2)
-    moe.gate.top_k = 5                                               # changed after building
-    with pytest.raises(ValueError, match="top_k"):
-        moe(torch.randn(1, 2, moe.gate.weight.shape[1]))
 
 
 def test_route_argument_errors():
@@ -439,13 +435,21 @@ def test_switch_balance_loss_mask_equals_dropping_the_rows():
         switch_balance_loss(logits, indices, 8, keep[:5])
 
 
-def test_moe_token_mask_shape_is_checked():
-    moe = make_moe().train()
-    x = torch.randn(2, 3, moe.gate.weight.shape[1])
+def test_model_checks_the_token_mask_in_training():
+    """The model's forward checks ``token_mask`` once (the MoE layers trust it); in eval
+    mode nothing reads it."""
+    torch.manual_seed(0)
+    model = TokenFlowModel(preset("tiny", num_hidden_layers=1)).train()
+    ids = torch.randint(0, model.config.vocab_size, (2, 3))
     with pytest.raises(ValueError, match=r"token_mask must be a \[B, S\] = \[2, 3\]"):
-        moe(x, token_mask=torch.ones(3, 2, dtype=torch.long))
-    with pytest.raises(ValueError, match="token_mask"):
-        moe(x, token_mask=[[1, 1, 1], [1, 1, 0]])
+        model(ids, token_mask=torch.ones(3, 2, dtype=torch.long))
+    for bad in ([[1, 1, 1], [1, 1, 0]], torch.ones(2, 3), torch.full((2, 3), 2)):
+        with pytest.raises(ValueError, match="token_mask"):
+            model(ids, token_mask=bad)
+    with pytest.raises(ValueError, match="no real token"):
+        model(ids, token_mask=torch.zeros(2, 3, dtype=torch.long))
+    model(ids, token_mask=torch.tensor([[1, 1, 0], [1, 0, 0]]))
+    model.eval()(ids, token_mask=torch.ones(3, 2, dtype=torch.long))
 
 
 def test_train_masks_the_router_statistics_of_its_right_padding(monkeypatch, tmp_path):
@@ -454,13 +458,13 @@ def test_train_masks_the_router_statistics_of_its_right_padding(monkeypatch, tmp
     import tokenflow.model.moe as moe_mod
     from tokenflow.train import train
     seen = []
-    real_loss = moe_mod.switch_balance_loss
+    real_loss = moe_mod._balance_loss               # what MoE.forward computes the loss with
 
     def spy(logits, indices, num_experts, token_mask=None):
         seen.append(token_mask)
         return real_loss(logits, indices, num_experts, token_mask)
 
-    monkeypatch.setattr(moe_mod, "switch_balance_loss", spy)
+    monkeypatch.setattr(moe_mod, "_balance_loss", spy)
     calls = []
     orig_forward = moe_mod.MoE.forward
 

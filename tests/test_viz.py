@@ -309,3 +309,46 @@ def test_rank_heatmap_ticks_do_not_overlap_inside_the_routing_figure():
     assert len(boxes) == 8
     assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:]))
     matplotlib.pyplot.close(fig)
+
+
+# ----------------------------------------------------------------------- the package's names
+_HELPER_MODULES = {"lang", "fmt", "static", "style", "fonts", "model_page"}   # not star-exported
+
+
+def _defined_public_names(path) -> set:
+    """Public names a module's own top-level statements bind (def, class, assignment), read
+    from its source with ``ast``, not from the module."""
+    import ast
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return {n for n in names if not n.startswith("_")}
+
+
+def test_viz_all_is_every_public_name_its_modules_define():
+    """Each viz module's ``__all__`` is the public names it defines (none imported, none
+    left out), and the package exports every one of a chapter module's, the same objects."""
+    import importlib
+    from pathlib import Path
+
+    import tokenflow.viz as viz
+    folder = Path(viz.__file__).parent
+    chapters = 0
+    for path in sorted(folder.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        mod = importlib.import_module(f"tokenflow.viz.{path.stem}")
+        defined = _defined_public_names(path)
+        assert len(mod.__all__) == len(set(mod.__all__)), path.stem
+        assert set(mod.__all__) == defined, (path.stem, set(mod.__all__) ^ defined)
+        if path.stem in _HELPER_MODULES:
+            continue
+        chapters += 1
+        missing = sorted(defined - set(viz.__all__))
+        assert not missing, f"tokenflow.viz does not export {path.stem}'s {missing}"
+        assert all(getattr(viz, n) is getattr(mod, n) for n in defined), path.stem
+    assert chapters == 14

@@ -1,10 +1,6 @@
-"""The dense feed-forward network: SwiGLU, as in Llama / Mixtral / DeepSeek experts.
-
-``FFN(x) = down_proj(act(gate_proj(x)) * up_proj(x))`` with ``act = silu`` (SwiGLU; Shazeer
-2020, "GLU Variants Improve Transformer", arXiv:2002.05202; Llama's ``LlamaMLP``) or another
-activation of :data:`ACTIVATIONS` (HF ``hidden_act``: GELU gives GeGLU, ReLU ReGLU). Shapes:
-``x [..., H] -> [..., H]`` through an intermediate width ``I``. FLOPs per token:
-``2 * 3 * H * I`` (three matmuls).
+"""The dense FFN ``down_proj(act(gate_proj(x)) * up_proj(x))``, ``[..., H] -> [..., H]``
+through width ``I``: SwiGLU with ``silu`` (arXiv:2002.05202; HF ``LlamaMLP``), GeGLU / ReGLU
+with another ``hidden_act``.
 """
 from __future__ import annotations
 
@@ -24,34 +20,19 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 ACTIVATIONS = dict(zip(HIDDEN_ACTS, (F.silu, F.gelu, _gelu_tanh, _gelu_tanh, F.relu), strict=True))
-"""``hidden_act`` names (``transformers``' ``ACT2FN`` keys) -> function: ``silu`` (SiLU),
-``gelu`` (exact, erf), ``gelu_new`` and ``gelu_pytorch_tanh`` (the tanh approximation
-``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``; HF writes the first out, the second
-calls ``F.gelu(approximate="tanh")``: equal to float rounding), ``relu``."""
+"""HF ``ACT2FN`` names -> function; ``gelu_new`` and ``gelu_pytorch_tanh`` are both the tanh
+approximation (equal to float rounding)."""
 
 
 def activation(hidden_act: str):
-    """The function of :data:`ACTIVATIONS` named ``hidden_act``.
-
-    Raises:
-        ValueError: ``hidden_act`` is not one of them (the message lists them).
-    """
+    """:data:`ACTIVATIONS` ``[hidden_act]``; ``ValueError`` (listing them) for another name."""
     if not isinstance(hidden_act, str) or hidden_act not in ACTIVATIONS:
         raise ValueError(f"hidden_act must be one of {sorted(ACTIVATIONS)}, got {hidden_act!r}")
     return ACTIVATIONS[hidden_act]
 
 
 class FFN(PackedWeights, nn.Module):
-    """Gated feed-forward ``[..., H] -> [..., H]`` (SwiGLU with the default ``silu``).
-
-    Args:
-        hidden_size: H.
-        intermediate_size: I, the width of the gate/up projections.
-        hidden_act: the activation on the gate, a key of :data:`ACTIVATIONS`.
-
-    Raises:
-        ValueError: if either size is < 1, or ``hidden_act`` is not in :data:`ACTIVATIONS`.
-    """
+    """Gated FFN ``H -> I -> H``. Raises ``ValueError``: a size < 1, an unknown ``hidden_act``."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu"):
         super().__init__()
@@ -75,7 +56,5 @@ class FFN(PackedWeights, nn.Module):
         return linear(self.act_fn(gate) * up, self.down_proj.weight)
 
     def gate_up_weight(self) -> torch.Tensor:
-        """``gate_proj`` and ``up_proj`` as one ``[2I, H]`` matrix (gate rows first, HF's
-        ``gate_up_proj`` layout): :func:`tokenflow.model.fused.packed_rows`, one copy of the
-        weights. Inference only (no gradient reaches the projections through it)."""
+        """``gate_proj``, ``up_proj`` as one ``[2I, H]`` matrix (HF's ``gate_up_proj``), packed."""
         return packed_rows(self, "gate_up", linear_weights(self, ("gate_proj", "up_proj")))

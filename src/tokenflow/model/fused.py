@@ -1,20 +1,7 @@
-"""Packed weights: several ``Linear`` weights stored back to back in one tensor (speed only).
-
-A decode step multiplies one token's hidden state by every weight matrix of the model. On a
-CPU each matrix product costs a fixed overhead on top of reading the weights, so reading the
-Q, K and V projections as **one** ``[nh*D + 2*nkv*D, H]`` matrix (and an FFN's gate and up
-projections as one ``[2I, H]`` matrix) does the same arithmetic with fewer, larger products:
-what vLLM's ``QKVParallelLinear`` / ``MergedColumnParallelLinear`` and HF's
-``Qwen2MoeExperts.gate_up_proj`` do.
-
-The modules keep their separate, named ``q_proj`` / ``k_proj`` / ``v_proj`` (and ``gate_proj``
-/ ``up_proj``) ``Linear`` layers: that is what the chapters show and what checkpoints and
-:mod:`tokenflow.interop` name. :func:`packed_rows` moves their weights into one tensor and
-makes each ``Linear.weight`` a view of its block of rows, so there is still **one copy** of
-every weight: in-place updates (``load_state_dict``, an optimiser step) change the packed
-tensor too. A weight that was replaced since (``model.to(dtype)``,
-``load_state_dict(assign=True)``) has a new data pointer; the next call notices and packs
-again.
+"""Packed weights: ``Linear`` weights back to back in one tensor, so q/k/v (or gate/up) are
+one matrix product instead of three (speed only; vLLM's ``QKVParallelLinear`` /
+``MergedColumnParallelLinear``, HF's ``Qwen2MoeExperts.gate_up_proj``). The named ``q_proj``,
+... layers stay (chapters, checkpoints): each weight becomes a view of its rows, one copy.
 """
 from __future__ import annotations
 
@@ -27,22 +14,14 @@ __all__ = ["packed_rows", "linear_weights", "PackedWeights"]
 
 
 def linear_weights(owner: nn.Module, names: Sequence[str]) -> tuple[torch.Tensor, ...]:
-    """The ``weight`` of each named ``Linear`` child of ``owner``, in order: what
-    ``(owner.q_proj.weight, owner.k_proj.weight, ...)`` returns, read from the modules'
-    registries directly. Speed only: ``nn.Module.__getattr__`` costs about a microsecond per
-    call on the 2-core CPUs this book targets, and a decode step would pay it twice per packed
-    weight, per layer, per token.
-
-    Raises:
-        KeyError: a name that is not a child module of ``owner``, or a child without a
-            registered ``weight``.
-    """
+    """``(owner.q_proj.weight, ...)`` for ``names``, read from the registries (skips
+    ``nn.Module.__getattr__``, about 1 us a call). Raises ``KeyError`` for a missing name."""
     mods = owner._modules
     return tuple(mods[n]._parameters["weight"] for n in names)
 
 
 def _back_to_back(weights: Sequence[torch.Tensor]) -> bool:
-    """True if ``weights`` are contiguous blocks that follow each other in one storage."""
+    """True if ``weights`` are contiguous blocks one after another in one storage."""
     first = weights[0]
     storage = first.untyped_storage().data_ptr()
     for a, b in zip(weights, weights[1:]):
@@ -54,29 +33,12 @@ def _back_to_back(weights: Sequence[torch.Tensor]) -> bool:
 
 
 def packed_rows(owner: nn.Module, key: str, weights: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The 2-D ``weights`` stacked along their rows, ``[sum of rows, cols]``, without a copy.
+    """``weights [rows_i, cols]`` stacked, ``[sum rows_i, cols]``, cached as
+    ``owner._packed[key]``. The first call (or one after a weight was replaced: its data
+    pointer moved) copies them into one tensor and points each ``.data`` at its rows (weights
+    already back to back are viewed). Inference only: no gradient reaches the ``Parameter``.
 
-    The first call (and any call after a weight was replaced) copies the weights into one new
-    tensor and points each weight's ``.data`` at its block of rows; later calls return that
-    tensor (cached on ``owner`` under ``key``, checked against the weights' data pointers).
-    Weights that already lie back to back in one storage (an expert's gate and up projections
-    inside :meth:`tokenflow.model.moe.MoE.stacked_weights`) are viewed, not moved.
-
-    Use it only without autograd (inference): the packed tensor is not connected to the
-    ``Parameter`` objects in the autograd graph, so gradients would not reach them. The
-    modules call their separate projections when gradients are on.
-
-    Args:
-        owner: the module that caches the packed tensor (``owner._packed[key]``).
-        key: which packed tensor of ``owner`` (``"qkv"``, ``"gate_up"``, ...).
-        weights: ``[rows_i, cols]`` tensors (``Linear.weight``), same ``cols``, dtype, device.
-
-    Returns:
-        ``[sum_i rows_i, cols]`` tensor whose row blocks are the weights, in order.
-
-    Raises:
-        ValueError: if ``weights`` is empty, not all 2-D, or their ``cols``, dtypes or
-            devices differ.
+    Raises ``ValueError``: empty, not 2-D, or ``cols``, dtypes or devices differ.
     """
     cache = owner.__dict__.setdefault("_packed", {})
     hit = cache.get(key)
@@ -109,9 +71,8 @@ def packed_rows(owner: nn.Module, key: str, weights: Sequence[torch.Tensor]) -> 
 
 
 class PackedWeights:
-    """Mixin for a module that caches :func:`packed_rows` results: ``model.to(...)``,
-    ``.half()``, ``.cuda()`` replace the weights, so the cache is dropped first (otherwise it
-    would keep the old tensors alive until the next forward packs again)."""
+    """Mixin: ``.to(...)``, ``.half()``, ... drop the :func:`packed_rows` cache (which would
+    keep the old tensors alive)."""
 
     def _apply(self, fn, recurse=True):
         self.__dict__.pop("_packed", None)

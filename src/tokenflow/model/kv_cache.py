@@ -1,16 +1,7 @@
-"""The KV cache: the interface every storage implements, and the contiguous storage.
-
-The interface (ARCHITECTURE.md, section 2): once per forward pass the model asks the cache for
-a :class:`CacheStep` (``begin_step``); each attention layer then makes one ``update(layer,
-step, *entries)`` call, which writes the new tokens' entries and returns those of every filled
-slot, ``[B, heads, L, dim]`` each. An entry (:func:`cache_entries`) is ``k`` and ``v`` for
-grouped-query attention, ``latent`` and ``k_rope`` for multi-head latent attention.
-
-:class:`KVCache` is the contiguous storage (gpt-fast's ``KVCache``, HF's ``StaticCache``; the
-paged one is :mod:`tokenflow.serving.paged_kv_cache`). Its ``bytes_per_token()``, measured
-from the tensors, equals :func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token`
-(tested): GQA ``2 * layers * n_kv * D * bytes``, MLA ``layers * (kv_lora_rank +
-qk_rope_head_dim) * bytes``.
+"""The KV cache: the interface every storage implements (ARCHITECTURE.md, section 2) and the
+contiguous storage :class:`KVCache` (gpt-fast's ``KVCache``, HF's ``StaticCache``; the paged
+one is :mod:`tokenflow.serving.paged_kv_cache`). Once per pass the model asks for a
+:class:`CacheStep` (``begin_step``); each layer makes one ``update(layer, step, *entries)``.
 """
 from __future__ import annotations
 
@@ -26,12 +17,8 @@ __all__ = ["CacheStep", "CacheStorage", "KVCache", "cache_entries", "uncached_st
 
 
 def cache_entries(config: ModelConfig) -> tuple[tuple[str, int, int], ...]:
-    """What one token stores per layer: ``(name, heads, dim)`` of each entry.
-
-    GQA: ``(("k", n_kv, D), ("v", n_kv, D))``. MLA: ``(("latent", 1, kv_lora_rank),
-    ("k_rope", 1, qk_rope_head_dim))`` (DeepSeek-V2 report, arXiv:2405.04434, section 2.1.2:
-    the cache holds ``c_t^KV`` and ``k_t^R``).
-    """
+    """``(name, heads, dim)`` of each entry one token stores per layer: GQA ``k``, ``v``
+    ``(n_kv, D)``; MLA ``latent`` ``(1, kv_lora_rank)``, ``k_rope`` ``(1, qk_rope_head_dim)``."""
     c = config
     if c.is_mla:
         return (("latent", 1, c.kv_lora_rank), ("k_rope", 1, c.qk_rope_head_dim))
@@ -39,20 +26,10 @@ def cache_entries(config: ModelConfig) -> tuple[tuple[str, int, int], ...]:
 
 
 def attention_mask_for(valid: torch.Tensor, start: int, S: int) -> torch.Tensor:
-    """Boolean mask ``[B,1,S,L]`` (True = may attend) for ``S`` queries at cache slots
-    ``[start, start+S)`` over keys at slots ``[0, L)``, ``L = start + S``.
-
-    A query sees a key when the key's slot is not after its own (causal, correct also when
-    the query is shorter than the keys: decode and chunked prefill) and the key is a real
-    token (``valid [B,L]``, False for left padding). Every query also sees itself, so a
-    padding query never has an empty row (which would make NaNs that leak through V).
-
-    Speed note: when nothing but causality masks a key (no padding, and ``S == 1`` or
-    ``start == 0``), the returned tensor carries the attribute ``sdpa_hint`` (``"none"``: no
-    key is masked; ``"causal"``: the plain lower-triangular mask), which lets attention call
-    SDPA without a mask tensor (``is_causal=True``), a faster kernel with the same result.
-    The mask values are the same either way.
-    """
+    """Bool mask ``[B,1,S,L]`` (True: may attend) for queries at slots ``[start, start+S)``
+    over keys at ``[0, L)``, ``L = start + S``: causal, real keys only (``valid [B,L]``), and
+    each query sees itself (a padding query's row is never empty: no NaN). Without padding it
+    carries ``sdpa_hint`` (``"none"``: nothing masked, ``"causal"``), so SDPA may skip it."""
     L = start + S
     if S == 1:                               # decode: every filled slot is "not after" the query
         v = valid[:, :L]                                               # [B, L]
@@ -78,52 +55,23 @@ def attention_mask_for(valid: torch.Tensor, start: int, S: int) -> torch.Tensor:
 
 @dataclass
 class CacheStep:
-    """What one forward pass writes and reads: built once by the storage (``begin_step``, or
-    :meth:`~tokenflow.PagedKVCache.packed_step`) and handed to every layer, which passes it
-    back to ``update`` (nano-vllm's ``Context``, ``nanovllm/utils/context.py``; vLLM's
-    attention metadata). One class for the three layouts; a layout leaves the others' fields
-    at their defaults.
+    """What one forward pass writes and reads, made once by the storage and handed to every
+    layer (nano-vllm's ``Context``, ``nanovllm/utils/context.py``; vLLM's attention metadata).
+    A layout leaves the others' fields at their defaults.
 
-    Every step:
-        start: slot of the first new token; the new tokens go to slots ``[start, start+S)``
-            of every row (0 for a packed step).
-        positions: ``[B,S]`` int64 RoPE position of each new token (counted from the row's
-            first real token; padding gets 0). A packed step: ``[1, T]``, each token's index
-            in its own sequence; the model runs the ``T`` tokens as one row ``[1, T, H]``.
-        mask: ``[B,1,S,L]`` bool, what each query may see (:func:`attention_mask_for`),
-            ``L = start + S`` slots after this step; ``None`` for a packed step (its masks are
-            per sequence, :attr:`masks`).
+    Every step: ``start`` (new tokens take slots ``[start, start+S)``; 0 when packed),
+    ``positions [B,S]`` int64 (RoPE, from a row's first real token; padding 0; packed
+    ``[1, T]``), ``mask [B,1,S,L]`` (:func:`attention_mask_for`; ``None`` when packed).
 
-    Paged storage (:class:`~tokenflow.PagedKVCache`), where the tokens live:
-        slot_mapping: int64 pool slot each real new token is written to, ``[N]`` row by row
-            (``[T]`` for a packed step); vLLM's ``slot_mapping``.
-        slots: ``[B, L]`` int64 pool slot of each laid-out token of a ``[B, S]`` step
-            (``block * block_size + offset``; padding points at slot 0 and is masked).
-        is_new: ``[B, S]`` bool, the real new tokens of a ``[B, S]`` step (False for left
-            padding).
-        rows: storage data computed once per step for every layer (the pool rows to gather
-            and to write, per head count).
+    Paged: ``slot_mapping`` (pool slot of each real new token, vLLM's), ``slots [B, L]``
+    (pool slot of each laid-out token; padding slot 0, masked), ``is_new [B, S]``, ``rows``
+    (per-step storage data for every layer).
 
-    A packed step (``n`` sequences' new tokens end to end, ``T`` in all, no padded position;
-    read by :meth:`attend_each`). The first ``num_decode`` sequences have one new token each
-    (decode rows); the others are prompt chunks. Their contexts (cached + new tokens,
-    ``L_i``) are gathered in that order, **whole blocks** at a time, as a paged-attention
-    kernel walks a block table: one ``[heads, blocks * block_size, dim]`` piece per sequence,
-    so the layers cut them out with views. The decode rows all read as many blocks as the
-    longest of them (``decode_len`` slots, ``L_i`` real tokens at the left) in one batched
-    call; each chunk's context is cut to its ``L_i`` tokens and read by a call of its own.
-        cu_q: ``n+1`` ints (``cu_seqlens_q``), sequence ``i``'s new tokens are
-            ``[cu_q[i], cu_q[i+1])`` of ``T``; ``None`` for a ``[B, S]`` step.
-        cu_k: ``n+1`` ints (``cu_seqlens_k``), its gathered context (whole blocks) is
-            ``[cu_k[i], cu_k[i+1])``. Plain lists: the layers slice with them, and a tensor
-            would cost a sync per read (:attr:`cu_seqlens_q` / :attr:`cu_seqlens_k` give
-            the tensors a GPU kernel would take).
-        seqlens_k: ``n`` ints, ``L_i``.
-        context_blocks: per sequence, the ids of the blocks gathered for it (a decode row
-            with fewer blocks than the others is padded with block 0, masked).
-        num_decode, decode_len: decode rows first, and the width of their windows.
-        masks: ``[num_decode, 1, 1, decode_len]`` for the decode rows (if any), then per
-            chunk ``[1, 1, S_i, L_i]`` (causal; :func:`attention_mask_for`).
+    Packed (``n`` sequences end to end, ``T`` tokens, :meth:`attend_each`): the first
+    ``num_decode`` have one new token; contexts are gathered in whole blocks, the decode rows
+    ``decode_len`` slots wide. ``cu_q``, ``cu_k``: ``n+1`` ints (``cu_seqlens_q/k``; lists,
+    so slicing costs no sync), ``seqlens_k`` (``L_i``), ``context_blocks``, ``masks``
+    (``[num_decode,1,1,decode_len]`` then ``[1,1,S_i,L_i]`` per chunk).
     """
 
     start: int
@@ -141,39 +89,17 @@ class CacheStep:
     decode_len: int = 0
     masks: list = field(default_factory=list)
 
-    @property
-    def packed(self) -> bool:
-        """True for a packed step (sequences end to end, read by :meth:`attend_each`)."""
-        return self.cu_q is not None
-
-    @property
-    def num_tokens(self) -> int:
-        """``T``: the positions this step computes (the sum of its sequences' new tokens)."""
-        return self.positions.shape[1]
-
-    @property
-    def cu_seqlens_q(self) -> torch.Tensor:
-        """``cu_q`` as an ``[n+1]`` int64 tensor."""
-        return torch.tensor(self.cu_q, device=self.positions.device)
-
-    @property
-    def cu_seqlens_k(self) -> torch.Tensor:
-        """``cu_k`` as an ``[n+1]`` int64 tensor."""
-        return torch.tensor(self.cu_k, device=self.positions.device)
+    packed = property(lambda self: self.cu_q is not None, doc="True for a packed step.")
+    num_tokens = property(lambda self: self.positions.shape[1], doc="T, positions computed.")
+    cu_seqlens_q = property(lambda self: torch.tensor(self.cu_q, device=self.positions.device),
+                            doc="``cu_q`` as an ``[n+1]`` int64 tensor.")
+    cu_seqlens_k = property(lambda self: torch.tensor(self.cu_k, device=self.positions.device),
+                            doc="``cu_k`` as an ``[n+1]`` int64 tensor.")
 
     def attend_each(self, attend, queries: tuple, entries: tuple) -> torch.Tensor:
-        """Attention where each sequence's queries see only its own context.
-
-        Args:
-            attend: ``attend(*q, *e, mask) -> [B, heads, S, dim]``, the layer's attention
-                on a batch of ``B`` sequences (``q [B, heads, S, .]``, ``e [B, heads, L, .]``).
-            queries: tensors ``[1, heads, T, .]`` (new tokens end to end).
-            entries: tensors ``[heads * cu_k[n], .]`` (from ``update``): the sequences'
-                gathered contexts one after the other, each ``[heads, cu_k[i+1] - cu_k[i],
-                .]`` with its ``L_i`` real tokens first.
-
-        Returns:
-            ``[1, heads, T, dim]``: the sequences' outputs, end to end again.
+        """Each sequence's queries (``[1, heads, T, .]``) over its own context only:
+        ``attend(*q, *e, mask) -> [B, heads, S, dim]`` on the decode rows in one call, then
+        per chunk; ``entries`` ``[heads * cu_k[n], .]`` from ``update``. -> ``[1, heads, T, dim]``.
         """
         out, n, L = [], self.num_decode, self.decode_len
         cu_q, cu_k = self.cu_q, self.cu_k
@@ -191,13 +117,12 @@ class CacheStep:
         return torch.cat(out, dim=2) if len(out) > 1 else out[0]           # [1, h, T, dim]
 
 
-PackedCacheStep = CacheStep
-"""The earlier name of a packed :class:`CacheStep` (``step.packed`` tells them apart)."""
+PackedCacheStep = CacheStep                   # the earlier name of a packed CacheStep
 
 
 def uncached_step(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> CacheStep:
-    """The :class:`CacheStep` of a forward pass without a cache: the ``S`` new tokens attend
-    among themselves (``start = 0``), positions ``cumsum(mask) - 1`` (0 for padding)."""
+    """The :class:`CacheStep` of a pass without a cache: ``start = 0``, positions
+    ``cumsum(mask) - 1`` (0 for padding)."""
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
     m = attention_mask.to(torch.long)
@@ -207,15 +132,8 @@ def uncached_step(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) 
 
 
 class CacheStorage:
-    """The cache interface: what a storage (contiguous, paged) must implement.
-
-    Attributes every storage has: ``config``, ``batch_size``, ``dtype``, ``device``,
-    ``entries`` (:func:`cache_entries` of the config), ``length`` (slots claimed so far;
-    the same for every row), ``num_real [B]`` (real tokens per row).
-
-    Methods to implement: :meth:`begin_step`, :meth:`update`, :meth:`read`, :meth:`reset`,
-    :meth:`nbytes`, :meth:`bytes_per_token`. :meth:`check_model` is shared.
-    """
+    """The cache interface a storage (contiguous, paged) implements; ``length`` is the slots
+    claimed (every row), ``num_real [B]`` the real tokens per row."""
 
     config: ModelConfig
     batch_size: int
@@ -227,30 +145,23 @@ class CacheStorage:
 
     def begin_step(self, attention_mask: torch.Tensor | None, batch_size: int, S: int
                    ) -> CacheStep:
-        """Claim slots for ``S`` new tokens per row and describe the step.
-
-        ``attention_mask [B,S]`` (1 real, 0 left padding; ``None``: all real). Called once per
-        forward pass, before any layer writes.
-
-        Raises:
-            ValueError: batch size differs from the cache's, or the tokens do not fit.
+        """Claim slots for ``S`` new tokens per row (``attention_mask [B,S]``: 1 real, 0 left
+        padding, ``None`` all real), once per pass. Raises ``ValueError`` (batch size, no room).
         """
         raise NotImplementedError
 
     def update(self, layer_idx: int, step: CacheStep, *new: torch.Tensor
                ) -> tuple[torch.Tensor, ...]:
-        """Write the new tokens' entries of one layer (one tensor per entry of
-        :attr:`entries`, each ``[B, heads, S, dim]``) and return every filled slot's entries,
-        ``[B, heads, L, dim]`` each, in the same order, for attention to read."""
+        """Write one layer's new entries (``[B, heads, S, dim]`` each, in :attr:`entries`
+        order) and return every filled slot's, ``[B, heads, L, dim]`` each."""
         raise NotImplementedError
 
     def read(self, layer_idx: int, stop: int) -> tuple[torch.Tensor, ...]:
-        """The entries of slots ``[0, stop)`` of one layer (``[B, heads, stop, dim]`` each),
-        without writing."""
+        """One layer's entries of slots ``[0, stop)``, without writing."""
         raise NotImplementedError
 
     def reset(self) -> None:
-        """Forget every token (length 0), keeping the allocated memory."""
+        """Forget every token, keeping the memory."""
         raise NotImplementedError
 
     def nbytes(self) -> int:
@@ -258,13 +169,12 @@ class CacheStorage:
         raise NotImplementedError
 
     def bytes_per_token(self) -> int:
-        """Bytes one token occupies, all layers and entries; equals
-        :func:`tokenflow.analysis.costmodel.kv_cache_bytes_per_token` at this dtype."""
+        """Bytes per token, all layers and entries (equals the cost model's
+        ``kv_cache_bytes_per_token``, tested)."""
         raise NotImplementedError
 
     def check_model(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
-        """Raise ``ValueError`` unless a model with this config, parameter dtype and device can
-        use the cache (checked once per forward pass, before any layer runs)."""
+        """Raise ``ValueError`` unless a model of this config, dtype and device can use it."""
         if self.entries != cache_entries(config) or \
                 self.config.num_hidden_layers != config.num_hidden_layers:
             raise ValueError(f"kv_cache was built for another model: it stores {self.entries} "
@@ -279,26 +189,10 @@ class CacheStorage:
 
 
 class KVCache(CacheStorage):
-    """Contiguous cache storage: preallocated per-layer entries for a batch of sequences.
-
-    Args:
-        config: the model config (layers; KV heads and head_dim, or the MLA ranks).
-        batch_size: B.
-        max_len: capacity in tokens per sequence (prompt + generated); defaults to
-            ``config.max_position_embeddings`` and may not exceed it.
-        dtype, device: storage dtype and device (must match the model's parameters).
-
-    Attributes:
-        k, v: GQA: lists of ``[B, n_kv, max_len, D]`` tensors, one per layer.
-        latent, k_rope: MLA: lists of ``[B, 1, max_len, kv_lora_rank]`` and
-            ``[B, 1, max_len, qk_rope_head_dim]`` tensors, one per layer.
-        length: slots filled so far (same for every row; padding fills slots too).
-        valid: ``[B, max_len]`` bool, True where a slot holds a real (non-pad) token.
-        num_real: ``[B]`` int64, real tokens per row (next RoPE position).
-
-    Raises:
-        ValueError: if ``batch_size < 1`` or ``max_len`` is outside
-            ``[1, max_position_embeddings]``.
+    """Contiguous storage: one ``[B, heads, max_len, dim]`` tensor per layer and entry (``k``,
+    ``v`` or ``latent``, ``k_rope``); ``max_len`` tokens per row (default and most
+    ``max_position_embeddings``); ``valid [B, max_len]`` marks real tokens. ``dtype`` and
+    ``device`` must be the model's. Raises ``ValueError`` for ``batch_size`` or ``max_len``.
     """
 
     def __init__(self, config: ModelConfig, batch_size: int, max_len: int | None = None,
@@ -333,8 +227,7 @@ class KVCache(CacheStorage):
     # ---------------------------------------------------------------- the interface
     def begin_step(self, attention_mask: torch.Tensor | None, batch_size: int, S: int
                    ) -> CacheStep:
-        """See :meth:`CacheStorage.begin_step`: the new tokens take slots
-        ``[length, length+S)``."""
+        """:meth:`CacheStorage.begin_step`: slots ``[length, length+S)``."""
         if batch_size != self.batch_size:
             raise ValueError(f"input batch size {batch_size} does not match the cache's "
                              f"{self.batch_size}")
@@ -361,7 +254,6 @@ class KVCache(CacheStorage):
 
     def update(self, layer_idx: int, step: CacheStep, *new: torch.Tensor
                ) -> tuple[torch.Tensor, ...]:
-        """See :meth:`CacheStorage.update`: slots ``[step.start, step.start+S)``."""
         bufs = self.layers[layer_idx]
         start, S = step.start, new[0].shape[2]
         for buf, x in zip(bufs, new):
@@ -369,19 +261,16 @@ class KVCache(CacheStorage):
         return tuple(buf.narrow(2, 0, start + S) for buf in bufs)        # buf[:, :, :end]
 
     def read(self, layer_idx: int, stop: int) -> tuple[torch.Tensor, ...]:
-        """See :meth:`CacheStorage.read`."""
         return tuple(buf.narrow(2, 0, stop) for buf in self.layers[layer_idx])
 
     def reset(self) -> None:
-        """See :meth:`CacheStorage.reset`: the next ``prefill`` starts a new sequence."""
         self.valid.zero_()
         self.num_real.zero_()
         self.length = 0
 
     # ---------------------------------------------------------------- reporting
     def nbytes(self) -> int:
-        """Bytes allocated for the entries across all layers (capacity, not just the filled
-        part)."""
+        """Bytes allocated (capacity, not only the filled part)."""
         return sum(t.nbytes for bufs in self.layers for t in bufs)
 
     def nbytes_used(self) -> int:
@@ -389,7 +278,6 @@ class KVCache(CacheStorage):
         return self.nbytes() * self.length // self.max_len
 
     def bytes_per_token(self) -> int:
-        """Bytes one token occupies in this cache, all layers and entries."""
         return self.nbytes() // (self.max_len * self.batch_size)
 
     def __repr__(self) -> str:

@@ -1,23 +1,12 @@
-"""``linear(x, weight)``: ``F.linear`` without bias, with large CPU weights pre-packed.
+"""``linear(x, weight)``: ``F.linear`` without bias, large fp32 CPU weights pre-packed.
 
-A CPU GEMM kernel reads the weight in its own blocked layout. ``F.linear`` on a plain
-``[N, K]`` fp32 weight (MKL's ``sgemm``) re-packs the weight into that layout on every call;
-with a few rows of input (a decode step: one row per sequence) the re-packing costs more than
-the arithmetic, and the step runs at a fraction of the memory bandwidth. vLLM's CPU backend
-packs each weight once, at load time, for oneDNN (``create_onednn_mm`` in
-``vllm/model_executor/layers/utils.py``, ``dispatch_cpu_unquantized_gemm``). Here the same is
-done lazily: the first inference call with a large fp32 CPU weight packs it with PyTorch's
-oneDNN reorder (``torch.ops.mkldnn._reorder_linear_weight``) and later calls multiply with the
-packed copy (``torch.ops.mkldnn._linear_pointwise``).
-
-The packed copy is a second copy of the weight (the module keeps its plain weight: views,
-checkpoints and training use it). It is rebuilt when the weight is replaced or changed in
-place (its data pointer or version counter moved). Small weights (under
-:data:`PACK_MIN_NUMEL` values) stay on ``F.linear``: a oneDNN call costs tens of
-microseconds more than MKL's, which is more than a small matrix product takes. With gradients
-on, on other devices or dtypes, and inside ``torch.compile`` (Inductor lowers ``F.linear``
-itself and cannot take the packed copy as an input), it is ``F.linear``. Values agree with
-``F.linear`` to float32 rounding (the kernels sum in another order; tested).
+``F.linear`` (MKL ``sgemm``) re-packs the weight on every call, which costs a decode step more
+than its arithmetic. As vLLM's CPU backend (``create_onednn_mm``,
+``dispatch_cpu_unquantized_gemm`` in ``vllm/model_executor/layers/utils.py``), the first
+inference call packs a large weight for oneDNN (``torch.ops.mkldnn._reorder_linear_weight``),
+a second copy rebuilt when the weight changes (data pointer or version); later calls use
+``_linear_pointwise``. Small weights, gradients, other devices or dtypes and ``torch.compile``
+take ``F.linear`` (equal to float32 rounding, tested).
 """
 from __future__ import annotations
 

@@ -1,24 +1,13 @@
-"""Multi-head latent attention (MLA, DeepSeek-V2/V3), reading and writing a compressed cache.
+"""Multi-head latent attention (MLA; DeepSeek-V2 report, arXiv:2405.04434, section 2.1; HF
+``DeepseekV3Attention`` and its module names), the sibling of :mod:`.attention`.
 
-The sibling of :mod:`tokenflow.model.attention` (same ``forward`` signature, same cache interface).
-Follows the DeepSeek-V2 report (arXiv:2405.04434, section 2.1) and Hugging Face
-``DeepseekV3Attention``; module names are HF's, so weights map one to one. Letters: ``nh``
-heads, ``r`` = ``kv_lora_rank``, ``dn`` = ``qk_nope_head_dim``, ``dr`` = ``qk_rope_head_dim``,
-``dv`` = ``v_head_dim``, ``L`` filled cache slots after this step.
-
-* query: ``q_proj`` (or the low-rank path ``q_a_proj -> q_a_layernorm -> q_b_proj`` when
-  ``q_lora_rank`` is set) gives per head ``dn`` un-rotated and ``dr`` rotated numbers.
-* key/value: one joint down-projection ``kv_a_proj_with_mqa`` gives the latent ``[r]``
-  (normalised by ``kv_a_layernorm``) and one RoPE key ``[dr]`` shared by all heads. **Only these
-  two are cached**: ``r + dr`` numbers per token per layer, whatever ``nh`` is.
-* naive form: ``kv_b_proj`` expands the latent of every cached token into per-head keys
-  ``[nh, dn]`` and values ``[nh, dv]``, then ordinary attention with key ``[k_nope, k_rope]``.
-* absorbed form (decode): since ``q_nope . (W_UK c) = (W_UK^T q_nope) . c``, the key
-  up-projection is folded into the query (``q_lat [nh, r]``) and the value up-projection is
-  applied once to the attention-weighted latent: the cache is read as it is, never expanded.
-  Both forms give the same output (tested).
-* softmax scale ``(dn + dr) ** -0.5``, times YaRN's ``mscale**2`` when the config has it
-  (:func:`tokenflow.model.rope.yarn_softmax_scale`).
+``nh`` heads, ``r`` = ``kv_lora_rank``, ``dn`` / ``dr`` = ``qk_nope`` / ``qk_rope_head_dim``,
+``dv`` = ``v_head_dim``, ``L`` filled slots. The query (``q_proj``, or ``q_a_proj ->
+q_a_layernorm -> q_b_proj``) has ``dn`` plain and ``dr`` rotated numbers per head. The cache
+holds only the latent ``[r]`` and one shared RoPE key ``[dr]`` per token (``kv_a_proj_with_mqa``).
+Naive form: ``kv_b_proj`` expands every cached latent into per-head K and V. Absorbed form
+(decode): ``q_nope . (W_UK c) = (W_UK^T q_nope) . c``, so ``W_UK`` folds into the query and
+``W_UV`` applies once after the weighted sum; the cache is never expanded (same output, tested).
 """
 from __future__ import annotations
 
@@ -38,20 +27,8 @@ _LORA_EPS = 1e-6        # HF builds q_a_layernorm / kv_a_layernorm with the defa
 
 
 class MLAttention(nn.Module):
-    """Multi-head latent attention of one decoder block.
-
-    Args:
-        config: an MLA config (``config.is_mla``): uses ``hidden_size``,
-            ``num_attention_heads``, ``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
-            ``qk_rope_head_dim``, ``v_head_dim``, ``rope_scaling``.
-        layer_idx: which block (selects the cache layer).
-
-    Attributes:
-        absorb: ``None`` (default): absorbed form for decode steps (``S == 1``), naive form
-            for prefill; ``True`` / ``False`` force one form.
-
-    Raises:
-        ValueError: if ``config`` has no MLA fields.
+    """MLA of block ``layer_idx``. ``absorb``: ``None`` (absorbed form for ``S == 1``, naive
+    otherwise) or ``True`` / ``False`` to force one. Raises ``ValueError`` if not ``is_mla``.
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int):
@@ -143,18 +120,8 @@ class MLAttention(nn.Module):
     # ------------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 step: CacheStep, kv_cache=None) -> torch.Tensor:
-        """One attention step, as :meth:`tokenflow.model.attention.Attention.forward`.
-
-        Args:
-            x: ``[B,S,H]`` normalised hidden states of the new tokens.
-            cos, sin: ``[B,1,S,dr]`` RoPE tables for their positions.
-            step: the forward pass's :class:`~tokenflow.model.kv_cache.CacheStep`.
-            kv_cache: a cache storage built for this config (stores latent and RoPE key), or
-                ``None`` (attend over the new tokens only).
-
-        Returns:
-            ``[B,S,H]``: the attention output (to be added to the residual stream).
-        """
+        """``x [B,S,H] -> [B,S,H]``, as :meth:`.attention.Attention.forward` (``cos, sin
+        [B,1,S,dr]``)."""
         B, S, _ = x.shape
         q_nope, q_rope = self.query(x, cos, sin)
         latent, k_rope = self.latent(x, cos, sin)
@@ -169,9 +136,8 @@ class MLAttention(nn.Module):
 
 
 def _softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Masked softmax over keys, in float32 (as HF's eager attention). A mask that
-    :func:`~tokenflow.model.kv_cache.attention_mask_for` marked as hiding no key (``sdpa_hint ==
-    "none"``, every decode step without padding) is skipped: same values, two ops fewer."""
+    """Masked softmax over keys in float32 (HF's eager attention); a mask that hides no key
+    is skipped (same values, two ops fewer)."""
     if not _hides_no_key(mask, scores.shape[-1]):
         scores = scores.masked_fill(~mask, float("-inf"))
     return scores.float().softmax(dim=-1).to(scores.dtype)

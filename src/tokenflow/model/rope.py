@@ -1,20 +1,11 @@
-"""Rotary position embedding (RoPE) and its long-context scalings.
+"""Rotary position embedding (RoPE; RoFormer, arXiv:2104.09864, eq. 34) and its scalings.
 
-RoPE (Su et al., RoFormer, arXiv:2104.09864) rotates pair ``i`` of a head by ``p * inv_freq[i]``
-at position ``p``, with ``inv_freq[i] = rope_theta ** (-2i / D)``; the pairs are the two halves
-of the head (HF's "rotate half" layout). ``config.rope_scaling`` changes ``inv_freq`` (and may
-scale ``cos``/``sin``) exactly as ``transformers.modeling_rope_utils`` does:
-
-* ``linear``: ``inv_freq / factor`` (position interpolation, kaiokendev / Chen et al. 2023).
-* ``llama3``: low frequencies divided by ``factor``, high ones kept, a smooth ramp in between
-  (Llama 3.1; HF ``_compute_llama3_parameters``).
-* ``yarn``: per-frequency blend of interpolation and extrapolation, and ``cos``/``sin`` scaled
-  by an attention factor (Peng et al., YaRN, arXiv:2309.00071; HF ``_compute_yarn_parameters``;
-  DeepSeek-V2/V3 use it). :func:`yarn_softmax_scale` is DeepSeek's extra ``mscale**2`` on the
-  softmax scale (HF ``yarn_apply_mscale``).
-
-The rotated dimension is ``config.head_dim`` (GQA) or ``config.qk_rope_head_dim`` (MLA, where
-only that slice of each head is rotated).
+Position ``p`` rotates pair ``i`` (the two halves of a head, HF's "rotate half") by ``p *
+inv_freq[i]``, ``inv_freq[i] = rope_theta ** (-2i / D)``; ``D`` is ``head_dim`` (MLA:
+``qk_rope_head_dim``). ``rope_scaling`` as ``transformers.modeling_rope_utils``: ``linear``
+(position interpolation, kaiokendev; Chen et al. 2023), ``llama3`` (Llama 3.1; HF
+``_compute_llama3_parameters``), ``yarn`` (YaRN, arXiv:2309.00071; HF
+``_compute_yarn_parameters``, ``yarn_apply_mscale``; DeepSeek-V2/V3).
 """
 from __future__ import annotations
 
@@ -29,7 +20,6 @@ __all__ = ["RotaryEmbedding", "apply_rope", "rope_inv_freq", "yarn_softmax_scale
            "ROPE_TYPES"]
 
 
-
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
@@ -41,8 +31,7 @@ def _yarn_factor(config, s: dict) -> float:
 
 
 def _yarn(pos_freqs: torch.Tensor, dim: int, config, s: dict) -> tuple[torch.Tensor, float]:
-    """YaRN ``inv_freq`` and attention factor (HF ``_compute_yarn_parameters``); ``pos_freqs``
-    is ``rope_theta ** (2i / dim)``."""
+    """YaRN ``inv_freq`` and attention factor; ``pos_freqs`` is ``rope_theta ** (2i / dim)``."""
     base, factor = config.rope_theta, _yarn_factor(config, s)
     attn = s.get("attention_factor")
     if attn is None:
@@ -67,7 +56,7 @@ def _yarn(pos_freqs: torch.Tensor, dim: int, config, s: dict) -> tuple[torch.Ten
 
 
 def _llama3(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
-    """Llama 3.1 ``inv_freq`` (HF ``_compute_llama3_parameters``)."""
+    """Llama 3.1: low frequencies / ``factor``, high ones kept, a smooth ramp between."""
     factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
     old = s["original_max_position_embeddings"]
     wavelen = 2 * math.pi / inv_freq
@@ -79,13 +68,8 @@ def _llama3(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
 
 
 def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
-    """``(inv_freq [D/2], attention_factor)`` for ``config``'s RoPE kind.
-
-    ``D`` is the rotated dimension (``qk_rope_head_dim`` for MLA, else ``head_dim``);
-    ``attention_factor`` multiplies ``cos`` and ``sin`` (1.0 except for YaRN). Follows
-    ``transformers.modeling_rope_utils`` (default, linear, llama3, yarn); the config has been
-    validated, so an unknown ``rope_type`` cannot reach here.
-    """
+    """``(inv_freq [D/2], attention_factor)`` (it scales ``cos``/``sin``; 1.0 but for YaRN)
+    of a validated config."""
     dim = config.qk_rope_head_dim if config.kv_lora_rank is not None else config.head_dim
     s = config.rope_scaling or {"rope_type": "default"}
     kind = s["rope_type"]
@@ -101,9 +85,8 @@ def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
 
 
 def yarn_softmax_scale(config, head_dim: int) -> float:
-    """Softmax scale ``head_dim ** -0.5``, times ``mscale(factor, mscale_all_dim) ** 2`` when the
-    config has a scaled RoPE with ``mscale_all_dim`` (DeepSeek-V2/V3; HF ``yarn_apply_mscale``,
-    used by ``DeepseekV3Attention``)."""
+    """``head_dim ** -0.5``, times ``mscale(factor, mscale_all_dim) ** 2`` when the RoPE
+    scaling has ``mscale_all_dim`` (DeepSeek-V2/V3's softmax scale)."""
     scale = head_dim ** -0.5
     s = config.rope_scaling
     if s and s.get("mscale_all_dim"):
@@ -113,12 +96,7 @@ def yarn_softmax_scale(config, head_dim: int) -> float:
 
 
 class RotaryEmbedding(nn.Module):
-    """Precomputed RoPE ``cos``/``sin`` tables ``[max_position_embeddings, D]``.
-
-    ``inv_freq`` from :func:`rope_inv_freq` (plain RoPE: ``rope_theta ** (-2i / D)``); position
-    ``p`` rotates pair ``i`` by ``p * inv_freq[i]`` (RoFormer eq. 34, HF layout: the two halves
-    of the head are paired). YaRN's attention factor is folded into the tables, as HF does.
-    """
+    """``cos``/``sin`` tables ``[max_position_embeddings, D]`` (YaRN's factor folded in)."""
 
     def __init__(self, config):
         super().__init__()
@@ -139,8 +117,8 @@ _SIGNS: dict[tuple, torch.Tensor] = {}
 
 
 def _half_signs(x: torch.Tensor) -> torch.Tensor:
-    """``[-1]*(D/2) + [1]*(D/2)`` in ``x``'s dtype and device (built once per kind, outside
-    inference mode so that autograd may save it)."""
+    """``[-1]*(D/2) + [1]*(D/2)`` for ``x`` (made once, outside inference mode: autograd may
+    save it)."""
     key = (x.shape[-1], x.dtype, x.device)
     signs = _SIGNS.get(key)
     if signs is None:
@@ -152,9 +130,8 @@ def _half_signs(x: torch.Tensor) -> torch.Tensor:
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """``[x1, x2] -> [-x2, x1]`` over the last dim: the halves swapped (one ``roll``), then
-    the new first half negated (a product with +-1, exact). Same values as
-    ``cat([-x2, x1])``, in two ops instead of four (a decode step calls it on every layer)."""
+    """``[x1, x2] -> [-x2, x1]``: a ``roll`` and an exact product with +-1 (two ops, not
+    ``cat``'s four)."""
     return x.roll(x.shape[-1] // 2, dims=-1).mul_(_half_signs(x))
 
 

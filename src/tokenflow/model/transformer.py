@@ -1,19 +1,11 @@
-"""The shared model: embedding -> decoder blocks -> final norm -> LM head.
-
-One forward pass, in the arrow actions of chapter 0::
+"""The model: embedding -> decoder blocks -> final norm -> LM head, in chapter 0's actions::
 
     input_ids [B,S] --lookup--> hidden [B,S,H]
       for each block:  hidden += Attention(RMSNorm(hidden))    (write KV, read KV)
                        hidden += FFN or MoE(RMSNorm(hidden))   (route top-k, dispatch/combine)
     RMSNorm(hidden) --project vocab--> logits [B,S,V]
 
-A serving step runs :meth:`TokenFlowModel.forward_packed` instead: the new tokens of several
-sequences end to end, ``input_ids [T]``, as one row ``[1, T, H]`` through the same blocks
-(attention keeps each sequence to its own context; see
-:mod:`tokenflow.serving.paged_kv_cache`).
-
-The math is Llama's (``LlamaForCausalLM``) with a Mixtral / DeepSeek-style MoE feed-forward,
-so weights map one-to-one onto Hugging Face modules (see ``tokenflow.interop``).
+Llama's math (HF ``LlamaForCausalLM``) with a Mixtral / DeepSeek-style MoE; HF module names.
 """
 from __future__ import annotations
 
@@ -25,7 +17,7 @@ from tokenflow.config import ModelConfig
 from .ffn import FFN
 from .kv_cache import CacheStep, CacheStorage, KVCache, uncached_step
 from .mla import MLAttention
-from .moe import MoE
+from .moe import MoE, _check_token_mask
 from .norm import RMSNorm
 from .rope import RotaryEmbedding
 from tokenflow.validate import reads_free, token_id_tensor
@@ -34,11 +26,8 @@ __all__ = ["RMSNorm", "DecoderBlock", "TokenFlowModel"]
 
 
 class DecoderBlock(nn.Module):
-    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``; ``attn`` is GQA
-    (:class:`~tokenflow.model.attention.Attention`) or MLA
-    (:class:`~tokenflow.model.mla.MLAttention`, when ``config.is_mla``); ``mlp`` is an
-    :class:`~tokenflow.model.ffn.FFN` or an :class:`~tokenflow.model.moe.MoE`
-    (``config.layer_is_moe``)."""
+    """Pre-norm block ``h += attn(norm(h)); h += mlp(norm(h))``: GQA or MLA (``is_mla``),
+    FFN or MoE (``config.layer_is_moe``)."""
 
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
@@ -52,9 +41,7 @@ class DecoderBlock(nn.Module):
             config.hidden_size, config.intermediate_size, config.hidden_act)
 
     def forward(self, h, cos, sin, step, kv_cache=None, token_mask=None):
-        """``h [B,S,H] -> [B,S,H]`` (the residual stream after this block); ``step`` is the
-        pass's :class:`~tokenflow.model.kv_cache.CacheStep`; ``token_mask [B,S]`` (1 real, 0
-        padding, or ``None``) goes to the MoE's router statistics."""
+        """``h [B,S,H] -> [B,S,H]``; ``token_mask [B,S]`` goes to the MoE's aux loss."""
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, step, kv_cache)
         x = self.post_attention_layernorm(h)
         if self.is_moe:
@@ -63,17 +50,13 @@ class DecoderBlock(nn.Module):
 
 
 class TokenFlowModel(nn.Module):
-    """The tiny decoder-only LLM every chapter runs.
+    """The decoder-only LLM every chapter runs: ``embed_tokens [V,H]``, ``layers``, ``norm``,
+    ``lm_head [V,H]`` (tied to ``embed_tokens`` if ``tie_word_embeddings``).
 
-    Modules (HF names): ``embed_tokens [V,H]``, ``layers`` (``num_hidden_layers``
-    :class:`DecoderBlock`), ``norm``, ``lm_head [V,H]`` (tied to ``embed_tokens`` when
-    ``config.tie_word_embeddings``).
+    Raises ``ValueError`` naming the ``config.fields_not_built()`` (cost-model-only fields).
     """
 
     def __init__(self, config: ModelConfig):
-        """Raises ``ValueError`` naming the fields the modules do not build
-        (``config.fields_not_built()``: biases, sliding windows, LayerNorm, ... are counted by
-        :mod:`tokenflow.analysis.costmodel` but not run)."""
         super().__init__()
         if config.fields_not_built():
             raise ValueError(f"TokenFlowModel does not build {config.fields_not_built()} "
@@ -95,7 +78,7 @@ class TokenFlowModel(nn.Module):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
     # ----------------------------------------------------------------- checks
-    def _check_inputs(self, input_ids, kv_cache, attention_mask):
+    def _check_inputs(self, input_ids, kv_cache, attention_mask, token_mask=None):
         c = self.config
         token_id_tensor("input_ids", input_ids, c.vocab_size)
         if kv_cache is not None:
@@ -111,6 +94,8 @@ class TokenFlowModel(nn.Module):
                              f"max_position_embeddings={c.max_position_embeddings}")
         if attention_mask is not None:
             self._check_mask(attention_mask, input_ids, kv_cache)
+        if token_mask is not None and self.training:        # only the MoE aux loss reads it
+            _check_token_mask(token_mask, tuple(input_ids.shape), "B, S")
 
     @staticmethod
     def _check_mask(mask, input_ids, kv_cache):
@@ -144,40 +129,26 @@ class TokenFlowModel(nn.Module):
                 attention_mask: torch.Tensor | None = None,
                 logits_to_keep: int = 0, token_mask: torch.Tensor | None = None
                 ) -> torch.Tensor:
-        """Run the model on new tokens.
+        """``input_ids [B,S]`` (ids in ``[0, vocab_size)``) -> logits ``[B,S,V]`` (the last
+        ``logits_to_keep`` positions if > 0). The model's entry point: it checks, the layers trust.
 
-        Args:
-            input_ids: ``[B,S]`` int64 token ids in ``[0, vocab_size)``.
-            kv_cache: a :class:`KVCache` of this model's dtype and device; the new tokens'
-                K/V (MLA: latent and RoPE key) are written after the cached ones and attention
-                reads all of them (prefill: empty cache and the whole prompt; decode:
-                ``S == 1``; chunked prefill: the prompt in pieces, one call each).
-                ``None``: no cache, attend within ``input_ids``.
-            trace: an optional :class:`~tokenflow.explain.trace.Trace` that records the arrow
-                actions (through forward hooks it attaches for this call: ``trace.attach``).
-            attention_mask: ``[B,S]`` 1 for real tokens, 0 for left padding (default all 1).
-                RoPE positions count from each row's first real token.
-            logits_to_keep: if > 0, compute logits only for the last that many positions.
-            token_mask: ``[B,S]`` 1 for real tokens, 0 for padding anywhere (e.g. the right
-                padding of :mod:`tokenflow.train`); only the MoE layers' load-balancing loss
-                reads it (attention is unchanged: causal attention already hides right padding
-                from the real tokens before it). Default: ``attention_mask``.
+        ``kv_cache``: a :class:`KVCache` of the model's dtype and device; the new tokens' entries
+        go after the cached ones (prefill, decode ``S == 1``, chunked prefill); ``None``: attend
+        within ``input_ids``. ``trace``: a :class:`~tokenflow.explain.trace.Trace` hooked in for
+        this call. ``attention_mask [B,S]``: 1 real, 0 left padding (RoPE positions count from a
+        row's first real token). ``token_mask [B,S]``: 1 real, 0 padding anywhere (training's
+        right padding), read only by the MoE aux loss; default ``attention_mask``.
 
-        Returns:
-            logits ``[B, S, V]`` float (``[B, logits_to_keep, V]`` if given).
-
-        Raises:
-            TypeError: input_ids not an integer tensor; kv_cache not a cache.
-            ValueError: ids outside ``[0, vocab_size)``; cached + new tokens longer than
-                ``max_position_embeddings`` or the cache capacity; mask shape mismatch; a
-                cache of another dtype, device or model (naming both); ``token_mask`` not
-                ``[B,S]`` of 0/1 or without a real token (in training mode).
+        Raises ``TypeError`` (ids not integer, kv_cache not a cache) or ``ValueError``: ids out of
+        range; cached + new tokens past ``max_position_embeddings`` or the cache; a mask of
+        another shape or not left padding; a cache of another dtype, device or model; in
+        training, ``token_mask`` not ``[B,S]`` of 0/1 with a 1.
         """
         if trace is not None:                    # records through hooks, for this call only
             with trace.attach(self):
                 return self.forward(input_ids, kv_cache, None, attention_mask, logits_to_keep,
                                     token_mask)
-        self._check_inputs(input_ids, kv_cache, attention_mask)
+        self._check_inputs(input_ids, kv_cache, attention_mask, token_mask)
         if token_mask is None:
             token_mask = attention_mask
         B, S = input_ids.shape
@@ -197,31 +168,15 @@ class TokenFlowModel(nn.Module):
 
     def forward_packed(self, input_ids: torch.Tensor, step: CacheStep,
                        kv_cache: CacheStorage, logits_indices: torch.Tensor) -> torch.Tensor:
-        """Run one packed serving step: ``T`` new tokens of ``n`` sequences, end to end.
+        """One serving step: ``input_ids [T]``, the new tokens of ``n`` sequences end to end,
+        through the blocks as one row ``[1, T, H]`` (no padding); each sequence attends to its
+        own context (:meth:`CacheStep.attend_each`). ``step``: the packed step that
+        ``kv_cache`` (e.g. :class:`~tokenflow.serving.paged_kv_cache.PagedKVCache`) made;
+        ``logits_indices [N]``: the positions that sample. Returns logits ``[N, V]``.
 
-        The tokens go through the blocks as one row, ``[1, T, H]``: the embedding, every
-        projection, the MoE and the norms see ``T`` tokens and nothing else (no padding).
-        Attention writes the new entries at ``step.slot_mapping`` and lets each sequence's
-        queries read only its own context (:meth:`CacheStep.attend_each`). The LM head
-        runs only on the rows that sample.
-
-        Args:
-            input_ids: ``[T]`` int64 token ids in ``[0, vocab_size)``.
-            step: the step's packed :class:`~tokenflow.model.kv_cache.CacheStep`
-                (``kv_cache.packed_step(...)``) with ``T`` positions.
-            kv_cache: the storage the step was made by (a
-                :class:`~tokenflow.serving.paged_kv_cache.PagedKVCache`).
-            logits_indices: ``[N]`` int64, which of the ``T`` positions need logits (the last
-                token of each sequence that samples).
-
-        Returns:
-            logits ``[N, V]`` float.
-
-        Raises:
-            TypeError: ``step`` not a packed step, ``kv_cache`` not a cache storage, ids not
-                an integer tensor.
-            ValueError: ids not ``[T]`` or outside ``[0, vocab_size)``; a position at or past
-                ``max_position_embeddings``; a cache of another model, dtype or device.
+        Raises ``TypeError`` (not a packed step or a cache storage, ids not integer) or
+        ``ValueError`` (ids not ``[T]`` or out of range, a position past
+        ``max_position_embeddings``, a cache of another model, dtype or device).
         """
         if not getattr(step, "packed", False) or not isinstance(kv_cache, CacheStorage):
             raise TypeError("forward_packed needs a packed CacheStep (PackedCacheStep) and the "

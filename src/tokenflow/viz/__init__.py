@@ -30,6 +30,11 @@ is split by topic, one module per chapter theme:
 Layering (checked by ``tests/test_layering.py``): nothing outside this package imports it;
 it imports the model, inference, serving, parallel and analysis code it draws. matplotlib
 and ipywidgets load with it.
+
+Each module's ``__all__`` is the public names it defines. The package exports all of them for
+the chapter modules (``diagram`` to ``recap``) and the helpers the chapters call from
+``lang``, ``fmt``, ``static`` and ``style``; its ``__all__`` is every name so bound
+(``tests/test_viz.py`` fails when a chapter module's public name is missing).
 """
 from types import ModuleType as _ModuleType
 
@@ -39,47 +44,21 @@ from .fmt import (display_width, pad, format_bytes, say, Table, agree, Agreement
 from .static import (explore, precomputed_explorer, PrecomputedExplorer, MAX_OUTPUTS,
                      MAX_HTML_BYTES)
 from .style import (setup_notebook, use_book_font)
-from .diagram import (DIAGRAM_PATH, TRACE_NODE, Edge, Diagram, parse_mermaid, load_diagram,
-                      token_flow_diagram, node_of, diagram_trace_table, trace_decode_step,
-                      COLOUR_NAMES, arrow_actions_table)
-from .hidden import (topk_bar, hidden_state_heatmap, residual_stream_plot, shape_flow,
-                     tensor_table, hidden_state_sizes, size_table,
-                     hidden_size_explorer, residual_stream_summary, residual_stream_explorer,
-                     hidden_size_static, residual_stream_table, residual_stream_static)
-from .attention import (attention_context_plot, attention_head_heatmap, kv_cache_growth_plot,
-                        cache_per_sequence_plot, kv_cache_summary, kv_cache_explorer,
-                        attention_explorer, attention_static, kv_cache_static, kv_per_token_view,
-                        kv_cache_scale_table, kv_cache_scale_static,
-                        kv_cache_scale_explorer)
-from .moe import (moe_flow_diagram, routing_heatmap, dispatch_combine_diagram, expert_load_bar,
-                  traffic_heatmap, routing_load_plot, moe_comm_bars, moe_routing_summary,
-                  moe_routing_explorer, prob_text, moe_routing_static)
-from .sampling import (vocab_scores, temperature_curves, sampling_bars, frequency_bars,
-                       sampling_panel, sampling_explorer, sampling_static)
-from .serving import (phase_times_plot, decode_batch_plot, arithmetic_intensity_plot,
-                      serving_timeline, batch_composition_plot, batching_comparison_plot,
-                      serving_counts, serving_panel, serving_view, SERVING_CONTROLS,
-                      serving_explorer, serving_static, chunked_prefill_time_plot,
-                      chunked_prefill_sentence)
-from .serving_tables import (timeline_table, timeline_view, serving_summary_table,
-                             workload_summary, step_table, batching_table, batching_times_table)
-from .paging import (block_table_rows, block_table_figure, block_table_sentence,
-                     kv_slot_usage, kv_slot_figure, kv_slot_table, kv_slot_sentence)
-from .packing import (step_layout, packed_step_figure, mark_preemptions, packing_table,
-                      packing_summary, preemption_report)
-from .peer import peer_table, peer_summary, counterparts_table
-from .lens import (logit_lens_heatmap, logit_lens_topk, logit_lens_explorer, logit_lens_static,
-                   logit_lens_by_depth, logit_lens_summary, logit_lens_compare,
-                   logit_lens_answers)
-from .trace_tables import (decode_trace_summary, decode_trace_explorer, trace_table,
-                           TRACE_SHAPES_WHERE, trace_shapes_table, trace_shapes_static,
-                           trace_shapes_view, trace_shapes_explorer,
-                           decode_trace_static, router_sentence, WEIGHT_PARTS,
-                           step_bytes_table)
-from .roofline import (lens_bars, roofline_summary, roofline_bars, roofline_panel,
-                       roofline_explorer, roofline_table, roofline_static)
-from .recap import line_figure
+from .diagram import *
+from .hidden import *
+from .attention import *
+from .moe import *
+from .sampling import *
+from .serving import *
+from .serving_tables import *
+from .paging import *
+from .packing import *
+from .peer import *
+from .lens import *
+from .trace_tables import *
+from .roofline import *
+from .recap import *
 
-# every name imported above, none of the submodules
+# every name bound above, none of the submodules
 __all__ = sorted(_n for _n, _v in globals().items()
                  if not _n.startswith("_") and not isinstance(_v, _ModuleType))

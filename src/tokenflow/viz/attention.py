@@ -13,11 +13,7 @@ from tokenflow.analysis.trace import COLORS
 
 from .hidden import _as_2d
 
-__all__ = ["attention_context_plot", "attention_head_heatmap", "kv_cache_growth_plot",
-           "cache_per_sequence_plot", "kv_cache_summary", "kv_cache_explorer",
-           "attention_explorer", "attention_static", "kv_cache_static", "kv_per_token_view",
-           "kv_cache_scale_table", "kv_cache_scale_static",
-           "kv_cache_scale_explorer"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 
 def attention_context_plot(attention_weights: dict, tokens: list[str], query_index: int = -1,
@@ -323,3 +319,7 @@ def kv_per_token_view(layouts: list, contexts: list, bytes_per_element: float = 
                  ["layout"] + [f"{n:,} tok" for n in contexts],
                  title=f"average cache bytes per token of one sequence "
                        f"({bytes_per_element:g} bytes per element; * = what-if variant)")
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

@@ -28,9 +28,7 @@ from tokenflow.analysis.trace import COLORS, Trace, TraceEvent
 from .fmt import display_width, pad
 from .lang import language, tr
 
-__all__ = ["DIAGRAM_PATH", "TRACE_NODE", "Edge", "Diagram", "parse_mermaid", "load_diagram",
-           "token_flow_diagram", "node_of", "diagram_trace_table", "trace_decode_step",
-           "COLOUR_NAMES", "arrow_actions_table"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 DIAGRAM_PATH = Path(__file__).parent.parent / "data" / "token_flow.mmd"
 """The Mermaid source of the token-flow diagram (shipped with the package)."""
@@ -105,13 +103,13 @@ class Diagram:
         return "\n".join(lines)
 
     def _repr_markdown_(self) -> str:
-        return f"```mermaid\n{translated_labels(self.source.strip())}\n```\n"
+        return f"```mermaid\n{_translated_labels(self.source.strip())}\n```\n"
 
     def __repr__(self) -> str:
         return self.text()
 
 
-def translated_labels(source: str) -> str:
+def _translated_labels(source: str) -> str:
     """Mermaid ``source`` with each quoted label's lines looked up with
     :func:`~tokenflow.viz.lang.tr` (the source itself in English)."""
     def label(m):
@@ -302,3 +300,7 @@ def trace_decode_step(model, input_ids: torch.Tensor, temperature: float = 0.0,
     trace.record("sample", "sampler", logits, nxt,
                  note="greedy argmax" if is_greedy(temperature) else f"T={temperature}")
     return trace, nxt
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

@@ -15,8 +15,7 @@ import unicodedata
 
 from .lang import tr
 
-__all__ = ["display_width", "pad", "format_bytes", "counted", "say", "Table", "agree",
-           "Agreement", "format_tolerance", "shapes", "checks"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 
 def display_width(text: str) -> int:
@@ -344,3 +343,7 @@ def agree(a, b, tol: float, *, what: str | None = None) -> Agreement:
     import numpy as np
     diff = float(np.max(np.abs(x - y))) if x.size else 0.0
     return Agreement(diff, tol, what)
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

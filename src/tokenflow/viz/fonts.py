@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["FONT_DIR", "FAMILY", "FALLBACK_FAMILY", "FONT_FILES", "font_path", "use_book_font",
-           "WEB_FAMILY", "WEB_FONTS", "web_font_css", "write_lab_css",
-           "book_font_rc"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 FONT_DIR = Path(__file__).resolve().parents[1] / "data" / "fonts"
 """Folder of the bundled fonts and their licence (``OFL.txt``)."""
@@ -176,6 +174,10 @@ def write_lab_css(path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(web_font_css(target="lab"), encoding="utf-8")
     return path
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]
 
 
 if __name__ == "__main__":

@@ -11,10 +11,7 @@ from matplotlib.patches import FancyBboxPatch
 
 from tokenflow.analysis.trace import COLORS
 
-__all__ = ["topk_bar", "hidden_state_heatmap", "residual_stream_plot", "shape_flow",
-           "tensor_table", "hidden_state_sizes", "size_table",
-           "hidden_size_explorer", "residual_stream_summary", "residual_stream_explorer",
-           "hidden_size_static", "residual_stream_table", "residual_stream_static"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 
 # --------------------------------------------------------------------- chapter 00
@@ -373,3 +370,7 @@ def residual_stream_explorer(hidden_states, tokens: list[str], token_index: int 
 def residual_stream_static(*args, **kw):
     """:func:`residual_stream_explorer` precomputed (``live=False``): works without a kernel."""
     return residual_stream_explorer(*args, live=False, **kw)
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

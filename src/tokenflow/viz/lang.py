@@ -18,7 +18,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["LANGUAGES", "set_language", "language", "tr"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 LANGUAGES = ("en", "zh")
 CATALOG = Path(__file__).parent.parent / "data" / "outputs_zh.json"
@@ -87,3 +87,7 @@ def _translate_drawn_text() -> None:
 
     translated_draw._tokenflow_tr = True
     Text.draw = translated_draw
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

@@ -10,9 +10,7 @@ import matplotlib.pyplot as plt
 from .style import column_figsize, MIN_FONT_PT, text_on
 from tokenflow.analysis.trace import COLORS
 
-__all__ = ["logit_lens_heatmap", "logit_lens_topk", "logit_lens_explorer", "logit_lens_static",
-           "logit_lens_by_depth", "logit_lens_summary", "logit_lens_compare",
-           "logit_lens_answers"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 
 def _depth_name(depth: int) -> str:
@@ -258,3 +256,7 @@ def logit_lens_answers(lens, tokenizer, tokens: list[str], batch: int = 0):
                    answer_depth(lens, top[s], batch=batch, position=s))
                   for s, t in enumerate(tokens)],
                  ["position", "token", "final top", "top from depth"], align="><<>")
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

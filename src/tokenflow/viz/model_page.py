@@ -28,8 +28,7 @@ import json
 from decimal import ROUND_HALF_UP, Decimal
 from importlib import resources
 
-__all__ = ["model_page", "ModelPage", "page_numbers", "page_tables", "bundled_hf_configs",
-           "PRECISIONS", "fmt_si", "fmt_time", "TINY_NAME"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 TINY_NAME = "tokenflow tiny (the book's model)"
 """The page's name for the book's own model (``load_pretrained``'s config)."""
@@ -301,3 +300,7 @@ def model_page(default: str = "DeepSeek-V3", **settings) -> ModelPage:
         ValueError: an unknown model, hardware or precision.
     """
     return ModelPage(default, **settings)
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

@@ -11,9 +11,7 @@ from matplotlib.patches import FancyBboxPatch
 
 from tokenflow.analysis.trace import COLORS
 
-__all__ = ["moe_flow_diagram", "routing_heatmap", "dispatch_combine_diagram", "expert_load_bar",
-           "traffic_heatmap", "routing_load_plot", "moe_comm_bars", "moe_routing_summary",
-           "moe_routing_explorer", "prob_text", "moe_routing_static"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 
 # --------------------------------------------------------------------- chapter 03 (F3)
@@ -374,3 +372,7 @@ def moe_routing_explorer(num_experts=(8, 64, 256), top_k=(2, 6, 8), world_size=(
 def moe_routing_static(*args, **kw):
     """:func:`moe_routing_explorer` precomputed (``live=False``): works without a kernel."""
     return moe_routing_explorer(*args, live=False, **kw)
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

@@ -19,8 +19,7 @@ from __future__ import annotations
 from .style import column_figsize, MIN_FONT_PT, text_on
 from tokenflow.analysis.trace import COLORS
 
-__all__ = ["step_layout", "packed_step_figure", "mark_preemptions", "packing_table",
-           "packing_summary", "preemption_report"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 _PAD = "#e6e6e6"            # light grey: a padded position
 _PREEMPT = "#d62728"        # red: a preemption
@@ -222,3 +221,7 @@ def preemption_report(steps, prompts) -> str:
                          f"step {back.index}: admitted again, {dict(back.prefill).get(rid, 1)} "
                          f"tokens recomputed (prompt {prompt_len} + the tokens it had generated)")
     return "\n".join(lines) or "no request was preempted"
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

@@ -16,8 +16,7 @@ import matplotlib.pyplot as plt
 from .style import column_figsize, MIN_FONT_PT
 from tokenflow.analysis.trace import COLORS
 
-__all__ = ["block_table_rows", "block_table_figure", "block_table_sentence", "kv_slot_usage",
-           "kv_slot_figure", "kv_slot_table", "kv_slot_sentence"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 _WAIT = "#c8c8c8"
 
@@ -225,3 +224,7 @@ def kv_slot_sentence(usage: dict) -> str:
             f"used); the paged blocks hold {paged / used:.2f}x ({used / paged:.0%} used). At the "
             f"busiest step the reservation needs {max(usage['contiguous'])} slots, the pool has "
             f"{usage['pool_slots']}.")
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

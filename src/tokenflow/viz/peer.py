@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..serving.peer import VLLM_COUNTERPARTS
 from .fmt import Table
 
-__all__ = ["peer_table", "peer_summary", "counterparts_table"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 
 def peer_table(run: dict) -> Table:
@@ -51,3 +51,7 @@ def counterparts_table() -> Table:
     """Each piece of :mod:`tokenflow.serving` and its counterpart in vLLM's v1 engine."""
     return Table([list(r) for r in VLLM_COUNTERPARTS],
                  ["tokenflow/serving/", "what it does", "vLLM v1", "file to open next"])
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

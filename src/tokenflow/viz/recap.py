@@ -8,7 +8,7 @@ from __future__ import annotations
 from .style import column_figsize, MIN_FONT_PT, text_on
 from tokenflow.analysis.trace import COLORS
 
-__all__ = ["line_figure"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 _KINDS = ("hidden", "moe", "token")
 
@@ -68,3 +68,7 @@ def line_figure(stages: list, title: str = "", loop_label: str = "decode loop: n
         ax.set_title(title, fontsize=11)
     fig.tight_layout()
     return fig
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

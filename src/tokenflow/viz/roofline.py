@@ -10,8 +10,7 @@ import matplotlib.pyplot as plt
 from .style import column_figsize, MIN_FONT_PT, text_on
 from tokenflow.analysis.trace import COLORS
 
-__all__ = ["lens_bars", "roofline_summary", "roofline_bars", "roofline_panel",
-           "roofline_explorer", "roofline_table", "roofline_static"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 _LENS_COLOURS = {
     "request queue": "#9e9e9e", "prefill": COLORS["hidden"], "KV cache": "#8fb8ee",
@@ -192,3 +191,7 @@ def roofline_explorer(config, hw_names=("H800", "H200"), batch=(1, 8, 64, 256),
 def roofline_static(*args, **kw):
     """:func:`roofline_explorer` precomputed (``live=False``): works without a kernel."""
     return roofline_explorer(*args, live=False, **kw)
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

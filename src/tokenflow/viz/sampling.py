@@ -10,8 +10,7 @@ import matplotlib.pyplot as plt
 from .style import column_figsize, MIN_FONT_PT
 from tokenflow.analysis.trace import COLORS
 
-__all__ = ["vocab_scores", "temperature_curves", "sampling_bars", "frequency_bars",
-           "sampling_panel", "sampling_explorer", "sampling_static"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 
 # --------------------------------------------------------------------- chapter 04 (F4)
@@ -240,3 +239,7 @@ def sampling_explorer(logits, tokenizer, temperature=(0.5, 1.0, 2.0), top_k=(3, 
 def sampling_static(*args, **kw):
     """:func:`sampling_explorer` precomputed (``live=False``): works without a kernel."""
     return sampling_explorer(*args, live=False, **kw)
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

@@ -11,11 +11,7 @@ import matplotlib.pyplot as plt
 from .style import column_figsize, MIN_FONT_PT
 from tokenflow.analysis.trace import COLORS
 
-__all__ = ["phase_times_plot", "decode_batch_plot", "arithmetic_intensity_plot",
-           "serving_timeline", "batch_composition_plot", "batching_comparison_plot",
-           "serving_counts", "serving_panel", "serving_view", "SERVING_CONTROLS",
-           "serving_explorer", "serving_static", "chunked_prefill_time_plot",
-           "chunked_prefill_sentence"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 
 # --------------------------------------------------------------------- chapter 05 (F5)
@@ -449,3 +445,7 @@ def chunked_prefill_sentence(runs: dict, long_id, baseline) -> str:
     return (f"Measured in this run: without chunking (budget {baseline:,}) request "
             f"{long_id}'s first token came {ttft(base):.1f} ms after its arrival and the "
             f"longest decode step took {worst(base):.0f} ms; " + "; ".join(parts) + ".")
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

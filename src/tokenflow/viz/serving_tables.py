@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from .serving import _lengths_text
 
-__all__ = ["timeline_table", "timeline_view", "serving_summary_table", "workload_summary",
-           "step_table", "batching_table", "batching_times_table"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 
 def _timeline_rows(timelines, outputs, seconds: bool):
@@ -194,3 +193,7 @@ def batching_times_table(results: dict):
                   for n, r in results.items()],
                  ["batching", "tokens/s", "mean TTFT ms", "mean end-to-end ms"],
                  digits=[0, 0, 1, 1])
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

@@ -20,8 +20,7 @@ import numbers
 from .fmt import Table
 from .lang import tr
 
-__all__ = ["explore", "precomputed_explorer", "PrecomputedExplorer", "MAX_OUTPUTS",
-           "MAX_HTML_BYTES", "RUN_NOTE", "LIVE_NOTE"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 MAX_OUTPUTS = 48
 """Most combinations one explorer embeds (each figure adds ~30-80 KB to the page)."""
@@ -356,3 +355,7 @@ def explore(fn, controls: dict, *, live: bool = False, title: str | None = None,
         elif out is not None:
             display(out)
     return widgets.interactive(show, **_live_controls(controls, index))
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

@@ -15,8 +15,7 @@ import matplotlib
 
 from .fonts import use_book_font
 
-__all__ = ["setup_notebook", "use_book_font", "COLUMN_WIDTH_IN", "MIN_FONT_PT", "column_figsize",
-           "contrast", "text_on", "series_style", "compact_png", "PNG_COLORS"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 use_book_font()
 
@@ -149,3 +148,7 @@ def series_style(i: int) -> dict:
     colours = (COLORS["hidden"], COLORS["token"], COLORS["moe"], "#555555")
     markers = ("o", "s", "^", "D", "v", "P", "X", "*")
     return {"color": colours[i % len(colours)], "marker": markers[i % len(markers)]}
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]

@@ -10,10 +10,7 @@ import textwrap
 from .lang import tr
 
 
-__all__ = ["decode_trace_summary", "decode_trace_explorer", "trace_table", "TRACE_SHAPES_WHERE",
-           "trace_shapes_table", "trace_shapes_view", "trace_shapes_static",
-           "trace_shapes_explorer", "decode_trace_static", "router_sentence",
-           "WEIGHT_PARTS", "step_bytes_table"]
+_IMPORTED = set(globals())          # the names above are imported, not defined here
 
 
 def decode_trace_summary(config, batch_size: int, seq_len: int, num_experts: int,
@@ -159,3 +156,7 @@ def step_bytes_table(trace, config, bytes_per_element: float = 4):
     return Table([(name, rows, nbytes, sum(w[k] for k in WEIGHT_PARTS.get(name, ())))
                   for name, (rows, nbytes) in per_node.items()],
                  ["diagram node", "rows", "bytes produced", "weight bytes read"], digits=0)
+
+
+# what this module defines (every public name after the imports)
+__all__ = [n for n in globals() if not n.startswith("_") and n not in _IMPORTED]
