@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from test_browser import (BOXES, CHECKS_JS, EXPLORE_JS, GLYPHS_JS, ROOT,  # noqa: F401
-                          _explore_ok, book_pdf, glyph_problems, no_web_font, pdf_report, serve,
-                          tab, toc_pages)
+from test_browser import (BOXES, CHECKS_JS, EXPLORE_JS, FIGURES_JS, GLYPHS_JS,  # noqa: F401
+                          ROOT, _explore_ok, book_pdf, glyph_problems, no_web_font, pdf_report,
+                          reading_size_problems, serve, tab, toc_pages)
 
 
 @pytest.fixture(scope="module")
@@ -21,13 +21,23 @@ def server(book_html_dir, zh_html_dir):
 def walked(tab, server, zh_html_dir) -> dict:
     """Every page of the Chinese edition read once, for the tests below: page -> its checks
     (CHECKS_JS), glyphs (tests/glyphs.js, read first), explorer moves, the problems of its
-    language switch and its log up to the switch."""
+    language switch and its log up to the switch; the figures' sizes
+    (tests/test_browser.py FIGURES_JS) at 1280 px and at 390 px, and how far the page scrolls
+    sideways at 390 px."""
     no_web_font(tab.page)
     walked = {}
     for f in toc_pages():
         page, log = tab.open(server, f"zh/{f}.html")
         res = {"glyphs": page.evaluate(GLYPHS_JS), "checks": page.evaluate(CHECKS_JS, BOXES),
-               "moves": page.evaluate(EXPLORE_JS), "switch": []}
+               "figures": page.evaluate(FIGURES_JS), "switch": []}
+        # (no transitions: the sidebars are gone at once)
+        page.add_style_tag(content="*, *::before, *::after {transition: none !important}")
+        page.set_viewport_size({"width": 390, "height": 900})
+        res["figures_phone"] = page.evaluate(FIGURES_JS)
+        res["phone_overflow"] = page.evaluate(
+            "() => document.scrollingElement.scrollWidth - innerWidth")
+        page.set_viewport_size({"width": 1280, "height": 900})
+        res["moves"] = page.evaluate(EXPLORE_JS)
         switch = page.locator("a.tokenflow-language-switch")
         if switch.count() != 1:
             res["switch"].append(f"{switch.count()} language switches")
@@ -68,6 +78,20 @@ def test_every_chinese_page_in_chromium(walked, tab, server):
     print(f"\nChinese edition: {counts}; search for 首都: {hits} pages")
     assert not problems, "\n".join(problems)
     assert hits >= 3
+
+
+def test_chinese_figures_are_shown_at_their_reading_size(walked):
+    """The Chinese edition's figures (its own PNGs, drawn with Chinese labels), measured as
+    tests/test_browser.py's test_figures_are_shown_at_their_reading_size measures the English
+    ones: natural size at 1280 px, text at least PHONE_TEXT_PX high at 390 px, where no page
+    scrolls sideways."""
+    small, count, least = reading_size_problems(walked)
+    sideways = [f"{f}: page scrolls sideways by {r['phone_overflow']} px at 390 px"
+                for f, r in walked.items() if r["phone_overflow"] > 1]
+    print(f"\n{count} figures; smallest text {least[1280]:.1f} px at 1280 px, "
+          f"{least[390]:.1f} px at 390 px")
+    assert count > 35, count
+    assert not small + sideways, "\n".join(small + sideways)
 
 
 def test_no_chinese_page_character_is_drawn_as_a_box(walked):

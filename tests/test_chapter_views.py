@@ -119,9 +119,11 @@ def test_figure_explorers_embed_one_image_per_setting(traced):
     att = attention_static(trace.attention_weights, TOKENS, TOKENS, default={"layer": 1, "head": 0})
     n = model.config.num_hidden_layers * model.config.num_attention_heads
     assert len(att.fragments) == n
-    assert all(f.startswith("<svg") and "</svg>" in f for f in att.fragments.values())
+    # PNG, which the book's figure checks measure (tests/test_browser.py FIGURES_JS)
+    assert all(f.startswith('<img src="data:image/png;base64,') for f in att.fragments.values())
     res = residual_stream_static(trace.hidden_states, TOKENS)
     assert len(res.fragments) == len(TOKENS) and res.default == {"token": len(TOKENS) - 1}
+    assert all(f.startswith('<img src="data:image/png;base64,') for f in res.fragments.values())
     assert matplotlib.pyplot.get_fignums() == []          # figures closed, not shown twice
 
 

@@ -48,7 +48,7 @@ def test_figure_repr_is_independent_of_the_inline_dpi(tmp_path):
 
 
 def test_inline_svg_markup_is_not_compared_but_text_is(tmp_path):
-    """An inline-SVG figure (precomputed_explorer kind="svg", as chapters 01 and 02 use)
+    """An inline-SVG figure (precomputed_explorer kind="svg")
     whose geometry changes (here its width, as a different font or FreeType would change it)
     passes with the sanitizer and fails without; a changed printed line still fails with it."""
     src = ("import os\nimport matplotlib\nmatplotlib.use('agg')\nimport matplotlib.pyplot as plt\n"

@@ -233,7 +233,7 @@ def attention_explorer(attention_weights: dict, q_labels: list[str], k_labels: l
     """:func:`tokenflow.viz.attention_head_heatmap` of one layer and head of
     ``{layer: [B, n_heads, S_q, S_k]}`` weights behind a layer and a head control
     (:func:`tokenflow.viz.explore`; ``default``: the ``layer`` / ``head`` shown first; the
-    precomputed figures are inline SVG, half the bytes of PNG here)."""
+    precomputed figures are PNG, as every explorer's)."""
     from .static import explore
     layers = sorted(attention_weights)
     nh = attention_weights[layers[0]].shape[1]
@@ -241,8 +241,7 @@ def attention_explorer(attention_weights: dict, q_labels: list[str], k_labels: l
         lambda layer, head: attention_head_heatmap(attention_weights[layer][batch_index, head],
                                                    q_labels, k_labels,
                                                    title=f"layer {layer}, head {head}"),
-        {"layer": layers, "head": list(range(nh))}, default=default, kind="svg", live=live,
-        live_below=True)
+        {"layer": layers, "head": list(range(nh))}, default=default, live=live, live_below=True)
 
 
 def attention_static(*args, **kw):

@@ -358,13 +358,13 @@ def residual_stream_explorer(hidden_states, tokens: list[str], token_index: int 
                              live: bool = True):
     """:func:`tokenflow.viz.residual_stream_plot` of one token (every depth is a row of the
     figure) behind a token selector, starting at ``token_index``
-    (:func:`tokenflow.viz.explore`; the precomputed figures are inline SVG)."""
+    (:func:`tokenflow.viz.explore`; the precomputed figures are PNG)."""
     from .static import explore
     options = [f"{i} {t}" for i, t in enumerate(tokens)]
     return explore(
         lambda token: residual_stream_plot(hidden_states, options.index(token), tokens),
-        {"token": options}, default={"token": options[token_index]}, kind="svg",
-        live=live, live_below=True)
+        {"token": options}, default={"token": options[token_index]}, live=live,
+        live_below=True)
 
 
 def residual_stream_static(*args, **kw):
