@@ -123,12 +123,14 @@ def web_characters(root: Path = ROOT) -> set[str]:
     """The CJK characters (:data:`WEB_RANGES`) the Chinese edition's pages can show: its
     catalogs, the book's pages, the notebooks (whose code and outputs are not translated), the
     model page's Chinese text (``tokenflow/data/model_page.js``, stored in the notebook as
-    ``\\u`` escapes) and the Chinese interface strings of Sphinx and the themes."""
+    ``\\u`` escapes), the figure scroll hint of ``scripts/book_html.py`` and the Chinese
+    interface strings of Sphinx and the themes."""
     paths = sorted(glob.glob(str(root / "locale" / "zh_CN" / "**" / "*.po"), recursive=True))
     paths += sorted(glob.glob(str(root / "book" / "*.md")))
     paths += sorted(glob.glob(str(root / "notebooks" / "*.ipynb")))
     paths += sorted(glob.glob(str(root / "notebooks" / "zh" / "*.ipynb")))
     paths += [root / "_config.yml", root / "_toc.yml", root / "scripts" / "tokenflow_i18n.py"]
+    paths += [root / "scripts" / "book_html.py"]                      # the figure scroll hint
     paths += [root / "src" / "tokenflow" / "data" / "model_page.js"]   # its zh text, escaped
     text = _text_of(p for p in paths if Path(p).exists()) + _theme_messages()
     text += "".join(figure_characters(root))
