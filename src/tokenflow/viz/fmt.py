@@ -38,6 +38,41 @@ def pad(text, width: int, align: str = "<") -> str:
     return text + fill if align == "<" else fill + text
 
 
+def fold(words, width: int = 90, indent: str = "") -> list[str]:
+    """``words`` (strings, each kept whole where it fits) packed into lines of at most ``width``
+    display columns (:func:`display_width`), joined by one space; lines after the first start
+    with ``indent``. A word wider than a line is cut at ``width`` columns (Chinese text has no
+    spaces to break at). A str is split at its spaces.
+
+    Raises:
+        ValueError: if ``width`` leaves fewer than 10 columns after ``indent``.
+    """
+    if width - display_width(indent) < 10:
+        raise ValueError(f"width must leave >= 10 columns after the indent, got width={width}, "
+                         f"indent of {display_width(indent)}")
+    if isinstance(words, str):
+        words = words.split()
+    lines, line = [], ""
+    for word in words:
+        head = line or (indent if lines else "")
+        candidate = f"{line} {word}" if line else head + word
+        if display_width(candidate) <= width:
+            line = candidate
+            continue
+        if line:
+            lines.append(line)
+            head = indent
+        for ch in word:                    # cut a word wider than the line into pieces
+            if display_width(head + ch) > width:
+                lines.append(head)
+                head = indent
+            head += ch
+        line = head
+    if line.strip() or not lines:
+        lines.append(line)
+    return lines
+
+
 def format_bytes(n: float) -> str:
     """``n`` bytes in binary units with 2 decimals, e.g. ``131072 -> "128.00 KiB"``.
 
@@ -169,15 +204,68 @@ class Table:
                 for i in range(len(self.rows))]
 
     def to_text(self, max_width: int = 90) -> str:
-        """Aligned text: header, a dashed rule, one line per row. Columns are separated by two
-        spaces, or one when that keeps the table within ``max_width`` columns."""
+        """Aligned text within ``max_width`` display columns: the title (wrapped), a header, a
+        dashed rule, one line per row. Columns are separated by two spaces, or one when that
+        keeps the table within ``max_width``. A wider table is folded into parts of whole
+        columns, one after another, each repeating the columns that name a row (the first
+        column, and the left-aligned ones right after it while they take at most a third of
+        ``max_width``). Where one column is too wide even for that, each row is written as a
+        record: ``header: cell`` per line, wrapped, empty cells left out.
+
+        Raises:
+            ValueError: if ``max_width < 30``.
+        """
+        if max_width < 30:
+            raise ValueError(f"max_width must be >= 30, got {max_width}")
         body = self._cells()
         widths = [max(display_width(c) for c in col) for col in zip(self.headers, *body)]
-        sep = "  " if sum(widths) + 2 * (len(widths) - 1) <= max_width else " "
-        lines = [sep.join(pad(c, w, a) for c, w, a in zip(r, widths, self.align)).rstrip()
+        title = ([ln for t in self.title.split("\n") for ln in fold(t, max_width)]
+                 if self.title else [])
+        if sum(widths) + len(widths) - 1 <= max_width:
+            return "\n".join(title + self._text_part(range(len(widths)), body, widths,
+                                                      max_width))
+        keys = 1
+        while (keys < len(widths) and self.align[keys] == "<"
+               and sum(widths[:keys + 1]) + 2 * keys <= max_width // 3):
+            keys += 1
+        parts, part = [], []
+        for j in range(keys, len(widths)):
+            used = sum(widths[k] + 2 for k in [*range(keys), *part, j]) - 2
+            if part and used > max_width:
+                parts.append(part)
+                part = []
+            part.append(j)
+        parts.append(part)
+        fits = all(sum(widths[k] + 2 for k in [*range(keys), *p]) - 2 <= max_width
+                   for p in parts)
+        if not fits:
+            return "\n".join(title + self._text_records(body, max_width))
+        lines = []
+        for p in parts:
+            lines += ([""] if lines else []) + self._text_part([*range(keys), *p], body,
+                                                              widths, max_width)
+        return "\n".join(title + lines)
+
+    def _text_part(self, cols, body, widths, max_width) -> list[str]:
+        """Header, rule and rows of the columns ``cols``, two spaces apart (one when two
+        would pass ``max_width``)."""
+        cols = list(cols)
+        sep = "  " if sum(widths[j] + 2 for j in cols) - 2 <= max_width else " "
+        lines = [sep.join(pad(r[j], widths[j], self.align[j]) for j in cols).rstrip()
                  for r in [self.headers] + body]
-        lines.insert(1, sep.join("-" * w for w in widths))
-        return "\n".join(([self.title] if self.title else []) + lines)
+        lines.insert(1, sep.join("-" * widths[j] for j in cols))
+        return lines
+
+    def _text_records(self, body, max_width) -> list[str]:
+        """Each row as ``header: cell`` lines, the first column's flush left and the others
+        indented, wrapped to ``max_width``."""
+        lines = []
+        for row in body:
+            for j, (h, c) in enumerate(zip(self.headers, row)):
+                if c or j == 0:
+                    first = "" if j == 0 else "  "
+                    lines += fold([f"{first}{h}:", *c.split()], max_width, first + "  ")
+        return lines
 
     def _repr_html_(self) -> str:
         def cell(tag: str, text: str, a: str) -> str:

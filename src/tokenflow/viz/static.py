@@ -11,13 +11,14 @@ explorer stays for readers who run the notebook.
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
 import itertools
 import json
 import numbers
 
-from .fmt import Table
+from .fmt import Table, fold
 from .lang import tr
 
 _IMPORTED = set(globals())          # the names above are imported, not defined here
@@ -186,6 +187,18 @@ def _check_controls(controls, default, max_outputs: int | None = MAX_OUTPUTS) ->
     return index
 
 
+def _summary(title: str | None, kind: str, controls: dict, tail: str) -> str:
+    """An explorer's text form, ``title: kind name (n values) x ... tail``, on one line or
+    folded to 90 columns between its parts (continuation lines indented by two); a ``tail``
+    starting with ``;`` is joined to the last control."""
+    words = (f"{title}:".split() if title else []) + [kind]
+    for k, (name, values) in enumerate(controls.items()):
+        words.append(f"{'x ' if k else ''}{name} ({len(values)} values)")
+    if tail.startswith(";"):
+        words[-1] += ";"
+    return "\n".join(fold(words + [tail.lstrip("; ")], 90, "  "))
+
+
 class PrecomputedExplorer:
     """What :func:`precomputed_explorer` returns: shows as HTML (controls + all outputs) in the
     book and JupyterLab, and as a one-line summary in text (what nbval compares).
@@ -215,9 +228,8 @@ class PrecomputedExplorer:
         return bundle
 
     def __repr__(self) -> str:
-        grid = " x ".join(f"{name} ({len(v)} values)" for name, v in self.controls.items())
-        head = f"{self.title}: " if self.title else ""
-        return f"{head}precomputed explorer: {grid} = {len(self.fragments)} outputs"
+        return _summary(self.title, "precomputed explorer:", self.controls,
+                        f"= {len(self.fragments)} outputs")
 
     def _repr_html_(self) -> str:
         """The controls, the notes and every output. The controls and the "precomputed" note
@@ -322,7 +334,8 @@ def explore(fn, controls: dict, *, live: bool = False, title: str | None = None,
     """One explorer of ``fn`` over a grid of control values, in either of two forms.
 
     ``live=False``: :func:`precomputed_explorer` (every output computed now and embedded:
-    works in the book and without a kernel). ``live=True``: an ``ipywidgets.interactive`` with
+    works in the book and without a kernel). ``live=True``: an ``ipywidgets.interactive`` (whose
+    text form names the title and the controls, within 90 columns) with
     the same controls (a slider over the numeric values, a drop-down otherwise), calling
     ``fn(**values)`` when a control moves and displaying what it returns (a figure, a table,
     a str).
@@ -340,7 +353,6 @@ def explore(fn, controls: dict, *, live: bool = False, title: str | None = None,
         return precomputed_explorer(fn, controls, title=title, kind=kind, default=default,
                                     live_below=live_below)
     index = _check_controls(controls, default, max_outputs=None)   # a live grid may be large
-    import ipywidgets as widgets
     from IPython.display import display
 
     def show(**values):
@@ -354,7 +366,34 @@ def explore(fn, controls: dict, *, live: bool = False, title: str | None = None,
             print(out)
         elif out is not None:
             display(out)
-    return widgets.interactive(show, **_live_controls(controls, index))
+    explorer = _live_explorer_class()(show, **_live_controls(controls, index))
+    explorer.summary = _summary(title, "live explorer:", controls,
+                                "; needs a running kernel")
+    return explorer
+
+
+@functools.cache
+def _live_explorer_class():
+    """``ipywidgets.interactive`` with a short text form (:func:`_summary`) instead of the
+    widget tree's repr, which ipywidgets cuts at 110 characters."""
+    import ipywidgets as widgets
+
+    class LiveExplorer(widgets.interactive):
+        """What ``explore(..., live=True)`` returns: the controls and their output, shown as
+        ``title: live explorer: name (n values) x ...; needs a running kernel`` where no
+        widget is drawn (a terminal, nbval, a plain-text viewer)."""
+        summary = ""
+
+        def __repr__(self) -> str:
+            return self.summary
+
+        def _repr_mimebundle_(self, **kwargs):
+            data = super()._repr_mimebundle_(**kwargs)
+            if data is not None:
+                data["text/plain"] = self.summary
+            return data
+
+    return LiveExplorer
 
 
 # what this module defines (every public name after the imports)
