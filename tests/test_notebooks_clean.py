@@ -1,5 +1,7 @@
 """The stored notebooks carry no execution timestamps (scripts/strip_notebooks.py removes them
-after a re-run; README, "Regenerating notebook outputs"), and the strip touches nothing else."""
+after a re-run; README, "Regenerating notebook outputs"), and the strip touches nothing else.
+Every stored text output (a stream, or any output's text/plain: what a terminal, nbval and a
+plain-text viewer show) fits a book page of 90 columns, in English and in Chinese."""
 from __future__ import annotations
 
 import copy
@@ -9,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from helpers import load_script
+from tokenflow.viz.fmt import display_width
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+ZH_NOTEBOOKS = sorted((ROOT / "notebooks" / "zh").glob("*.ipynb"))
+PAGE_COLUMNS = 90
 
 
 def _load_strip():
@@ -58,3 +63,48 @@ def test_the_stored_notebooks_are_written_as_the_strip_writes_them(path):
     removed timestamps."""
     text = path.read_text(encoding="utf-8")
     assert strip_notebooks.dumps(json.loads(text)) == text
+
+
+def wide_output_lines(nb: dict, columns: int = PAGE_COLUMNS) -> list[str]:
+    """``"cell N, <kind>, line L (W columns): text"`` for each stored text line of ``nb``
+    wider than ``columns`` display columns (a Chinese character takes two): stream text and
+    every output's text/plain."""
+    wide = []
+    for n, cell in enumerate(nb["cells"]):
+        for out in cell.get("outputs", []) if cell["cell_type"] == "code" else []:
+            if out["output_type"] == "stream":
+                kind, text = out["name"], out["text"]
+            elif "text/plain" in out.get("data", {}):
+                kind, text = "text/plain", out["data"]["text/plain"]
+            else:
+                continue
+            text = "".join(text) if isinstance(text, list) else text
+            for k, line in enumerate(text.splitlines(), 1):
+                if display_width(line) > columns:
+                    wide.append(f"cell {n}, {kind}, line {k} ({display_width(line)} columns): "
+                                f"{line[:60]}...")
+    return wide
+
+
+def test_wide_output_lines_finds_stream_and_plain_text_lines():
+    """The scan reads streams and text/plain, counts a Chinese character as two columns, and
+    names the cell and the line."""
+    nb = {"cells": [
+        {"cell_type": "markdown", "source": "x" * 200, "metadata": {}},
+        {"cell_type": "code", "source": "", "metadata": {}, "outputs": [
+            {"output_type": "stream", "name": "stdout", "text": ["ok\n", "y" * 91 + "\n"]},
+            {"output_type": "execute_result", "data": {"text/plain": "北" * 45,
+                                                       "text/html": "<p>" + "z" * 200}},
+            {"output_type": "display_data", "data": {"text/plain": "a\n" + "北" * 46}}]}]}
+    wide = wide_output_lines(nb)
+    assert len(wide) == 2, wide
+    assert wide[0].startswith("cell 1, stdout, line 2 (91 columns)")
+    assert wide[1].startswith("cell 1, text/plain, line 2 (92 columns)")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS + ZH_NOTEBOOKS,
+                         ids=[p.name for p in NOTEBOOKS] + [f"zh/{p.name}" for p in ZH_NOTEBOOKS])
+def test_stored_text_outputs_fit_the_page(path):
+    wide = wide_output_lines(json.loads(path.read_text(encoding="utf-8")))
+    assert not wide, (f"{path.relative_to(ROOT)}: {len(wide)} stored output lines are wider than "
+                      f"{PAGE_COLUMNS} columns:\n" + "\n".join(wide[:10]))

@@ -89,7 +89,93 @@ def test_table_fits_90_columns_by_narrowing_the_gap():
     assert max(_cols(line) for line in text.splitlines()) <= 90   # 6*14 + 5 = 89
 
 
+def _parts(text: str) -> list[list[str]]:
+    """A folded table's parts: runs of lines separated by a blank line."""
+    return [part.splitlines() for part in text.split("\n\n")]
+
+
+def test_a_wide_table_folds_into_parts_that_repeat_the_row_names():
+    # 1 name column + 8 columns of 14: 8*14 + 7*2 + 10 > 90 even with one space between
+    rows = [[f"row{i}"] + [f"c{i}{j}".rjust(14, ".") for j in range(8)] for i in range(3)]
+    headers = ["name"] + [f"col {j}" for j in range(8)]
+    text = Table(rows, headers, title="wide").to_text()
+    assert text.splitlines()[0] == "wide"
+    parts = _parts("\n".join(text.splitlines()[1:]))
+    assert len(parts) >= 2
+    assert all(_cols(line) <= 90 for line in text.splitlines()), text
+    seen = []
+    for part in parts:
+        head = part[0].split()
+        assert head[0] == "name" and set(part[1]) == {"-", " "}
+        seen += [h for h in part[0].split("  ") if h.strip() and h.strip() != "name"]
+        assert [line.split()[0] for line in part[2:]] == ["row0", "row1", "row2"]
+    assert [h.strip() for h in seen] == headers[1:]             # each column once, in order
+    for i, j in itertools.product(range(3), range(8)):            # each cell in its own row
+        assert sum(line.split()[0] == f"row{i}" and f"c{i}{j}" in line
+                   for part in parts for line in part) == 1
+
+
+def test_a_folded_table_repeats_its_key_columns():
+    rows = [["H800", "EP32", 37.6, 98, 20.1, 17.0, 10.8, "memory", 4369],
+            ["H200", "EP128", 22.2, 298, 10.9, 17.4, 10.8, "InfiniBand", 5051]]
+    headers = ["GPU", "EP", "weights/GPU GB", "sequences that fit", "memory ms",
+               "InfiniBand ms", "compute ms", "binding", "decode tok/s per GPU"]
+    parts = _parts(Table(rows, headers, digits=1, keys=2).to_text())
+    assert len(parts) == 2
+    for part in parts:
+        assert part[0].split()[:2] == ["GPU", "EP"]
+        assert [line.split()[:2] for line in part[2:]] == [["H800", "EP32"], ["H200", "EP128"]]
+    assert parts[1][2].split()[-2:] == ["memory", "4,369"]
+
+
+def test_a_table_with_a_cell_wider_than_the_page_is_written_as_records():
+    long = "block pool, free list, reference counts, prefix-cache keys " * 2
+    rows = [["block_manager.py", long.strip(), "", "vllm/v1/core/block_pool.py"],
+            ["sampler.py", "greedy, temperature", "Sampler", "北京是中国的首都" * 8]]
+    text = Table(rows, ["file", "what it does", "vLLM", "open next"], title="map").to_text()
+    lines = text.splitlines()
+    assert all(_cols(line) <= 90 for line in lines), text
+    assert lines[0] == "map" and lines[1] == "file: block_manager.py"
+    starts = [i for i, line in enumerate(lines) if line.startswith("file: ")]
+    assert [lines[i] for i in starts] == ["file: block_manager.py", "file: sampler.py"]
+    first = " ".join(line.strip() for line in lines[starts[0]:starts[1]])
+    assert first == (f"file: block_manager.py what it does: {long.strip()} "
+                     "open next: vllm/v1/core/block_pool.py")    # the empty vLLM cell: left out
+    second = lines[starts[1]:]
+    assert second[:3] == ["file: sampler.py", "  what it does: greedy, temperature",
+                          "  vLLM: Sampler"]
+    assert second[3].startswith("  open next: ") and all(ln.startswith("    ") for ln in second[4:])
+    zh = "".join(ln.strip() for ln in second[3:]).replace("open next: ", "")
+    assert zh == "北京是中国的首都" * 8                       # wrapped, nothing lost
+    assert all(line.startswith(("file: ", "  ")) for line in lines[2:])
+
+
+def test_a_long_table_title_wraps_and_a_narrow_table_is_unchanged():
+    title = " ".join(f"word{i}" for i in range(40))
+    lines = Table([[1, 2]], ["a", "b"], title=title).to_text().splitlines()
+    assert all(_cols(line) <= 90 for line in lines)
+    assert " ".join(lines[:-3]) == title and lines[-3:] == ["a  b", "-  -", "1  2"]
+    with pytest.raises(ValueError, match="max_width"):
+        Table([[1]], ["a"]).to_text(max_width=20)
+
+
+def test_fold_breaks_at_spaces_and_between_chinese_characters():
+    from tokenflow.viz.fmt import fold
+    assert fold("aa bb cc dd", 12, "  ") == ["aa bb cc dd"]
+    assert fold("aaaa bbbb cccc dddd", 12, "  ") == ["aaaa bbbb", "  cccc dddd"]
+    assert fold(["x (1 values)", "y (2 values)"], 14) == ["x (1 values)", "y (2 values)"]
+    lines = fold("北京是中国的首都，也是中国的政治中心。", 12)
+    assert all(_cols(line) <= 12 for line in lines) and len(lines) == 4
+    assert not any(line.startswith(("，", "。")) for line in lines)
+    assert "".join(lines) == "北京是中国的首都，也是中国的政治中心。"
+    assert fold("y" * 25, 10) == ["y" * 10, "y" * 10, "y" * 5]
+    with pytest.raises(ValueError, match="width"):
+        fold("a", 11, "  ")
+
+
 def test_table_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="keys"):
+        Table([[1, 2]], ["a", "b"], keys=3)
     with pytest.raises(ValueError, match="rows\\[0\\] has 2 cells"):
         Table([[1, 2]], ["a"])
     with pytest.raises(ValueError, match="align"):
@@ -140,6 +226,36 @@ def test_explorer_has_no_external_code_and_a_short_text_repr():
     assert "src=\"http" not in html and "//" not in html
     assert repr(ex) == ("demo: precomputed explorer: batch B (4 values) x mode (3 values) "
                         "= 12 outputs")
+    title = "B x S = 4 x 64 random tokens, H = 7168, 2 B/element, a title that goes on"
+    lines = repr(_explorer(title=title)).splitlines()
+    assert len(lines) == 2 and all(_cols(line) <= 90 for line in lines)
+    assert lines[1].startswith("  ") and " ".join(line.strip() for line in lines) == (
+        f"{title}: precomputed explorer: batch B (4 values) x mode (3 values) = 12 outputs")
+    assert not any(line.endswith(("batch", "B", "(4")) for line in lines)   # parts kept whole
+    assert _explorer(title=title)._repr_mimebundle_()["text/plain"] == "\n".join(lines)
+
+
+def test_the_live_explorer_says_what_it_is_within_90_columns():
+    widgets = pytest.importorskip("ipywidgets")
+    title = "trace shapes for batch B, sequence length S and experts E of the tiny model"
+    controls = {"batch B": [1, 2, 8], "sequence length S": [16, 64], "experts E": [8, 32, 64]}
+    made = [static.explore(lambda **c: None, controls, live=True, title=title,
+                           default={"batch B": 2}) for _ in range(2)]
+    w = made[0]
+    assert isinstance(w, widgets.interactive)
+    assert [c.value for c in w.children[:3]] == [2, 16, 8]
+    bundle = w._repr_mimebundle_()
+    text = bundle["text/plain"]
+    assert "application/vnd.jupyter.widget-view+json" in bundle and text == repr(w)
+    assert "interactive(" not in text and "…" not in text
+    lines = text.splitlines()
+    assert len(lines) >= 2 and all(_cols(line) <= 90 for line in lines)
+    assert " ".join(line.strip() for line in lines) == (
+        f"{title}: live explorer: batch B (3 values) x sequence length S (2 values) "
+        "x experts E (3 values); needs a running kernel")
+    assert made[1]._repr_mimebundle_()["text/plain"] == text     # nothing host- or run-specific
+    assert repr(static.explore(lambda **c: None, {"B": [1, 2]}, live=True)) == (
+        "live explorer: B (2 values); needs a running kernel")
 
 
 def test_explorer_refuses_large_grids():
@@ -214,7 +330,8 @@ def test_nbval_sanitizer_hides_only_the_explorer_pixels(monkeypatch):
 
 def test_say_wraps_by_display_width_under_the_first_word(capsys):
     """Conclusions fit a ~90-column page: Chinese characters count two columns, continuation
-    lines are indented under the item's first word, and every word is kept."""
+    lines are indented under the item's first word, Chinese text breaks between characters,
+    and every character is kept."""
     from tokenflow.viz import display_width, say
     text = ("3. The prompt 北京是中国的首北京是中国的首 is 14 tokens; every block keeps the shape "
             "[1, 14, 64] and sends each token to 2 of 8 experts, then the LM head scores 888 "
@@ -224,9 +341,17 @@ def test_say_wraps_by_display_width_under_the_first_word(capsys):
     assert len(lines) > 2
     assert all(display_width(line) <= 40 for line in lines), lines
     assert all(line.startswith("   ") and not line.startswith("    ") for line in lines[1:])
-    assert " ".join(line.strip() for line in lines) == text
-    say("x" * 30 + " y", width=20)                     # a word wider than the page stays whole
-    assert capsys.readouterr().out == "x" * 30 + "\ny\n"
+    # breaks fall at spaces and between Chinese characters: no character lost or added
+    assert "".join(lines).replace(" ", "") == text.replace(" ", "")
+    assert " ".join(line.strip() for line in lines).count(" ") >= text.count(" ")
+    say("x" * 30 + " y", width=20)                     # a word wider than the page is cut
+    assert capsys.readouterr().out == "x" * 20 + "\n" + "x" * 10 + " y\n"
+    say("- " + "北京是中国的首都。" * 6, width=30)     # Chinese without spaces still wraps
+    lines = capsys.readouterr().out.rstrip("\n").split("\n")
+    assert len(lines) == 4 and all(display_width(line) <= 30 for line in lines), lines
+    assert all(line.startswith("  ") and not line.startswith("   ") for line in lines[1:])
+    assert not any(line.strip().startswith("。") for line in lines)   # no line opens on 。
+    assert "".join(line.strip() for line in lines) == "- " + "北京是中国的首都。" * 6
     with pytest.raises(ValueError, match="width"):
         say("a", width=19)
 

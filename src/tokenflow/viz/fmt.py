@@ -38,11 +38,32 @@ def pad(text, width: int, align: str = "<") -> str:
     return text + fill if align == "<" else fill + text
 
 
-def fold(words, width: int = 90, indent: str = "") -> list[str]:
-    """``words`` (strings, each kept whole where it fits) packed into lines of at most ``width``
-    display columns (:func:`display_width`), joined by one space; lines after the first start
-    with ``indent``. A word wider than a line is cut at ``width`` columns (Chinese text has no
-    spaces to break at). A str is split at its spaces.
+_NO_BREAK_BEFORE = set("，。、；：！？）」』】》〉”’…,.;:!?)%")
+_NO_BREAK_AFTER = set("（「『【《〈“‘(")
+
+
+def _pieces(text: str) -> list[tuple[str, bool]]:
+    """``text`` cut where a line may break: at spaces (``True``: a space goes before the
+    piece) and next to a wide character, as Chinese text breaks between characters, except
+    before closing and after opening punctuation (``False``: glued on without a space)."""
+    out = []
+    for word in text.split():
+        start = 0
+        for i in range(1, len(word)):
+            a, b = word[i - 1], word[i]
+            if ((display_width(a) == 2 or display_width(b) == 2) and b not in _NO_BREAK_BEFORE
+                    and a not in _NO_BREAK_AFTER):
+                out.append((word[start:i], start == 0))
+                start = i
+        out.append((word[start:], start == 0))
+    return out
+
+
+def fold(text, width: int = 90, indent: str = "") -> list[str]:
+    """``text`` in lines of at most ``width`` display columns (:func:`display_width`); lines
+    after the first start with ``indent``. A str breaks at its spaces and between Chinese
+    characters (not before ``，`` or ``。``); a list of strings breaks only between its
+    entries, joined by one space. A piece wider than a line is cut.
 
     Raises:
         ValueError: if ``width`` leaves fewer than 10 columns after ``indent``.
@@ -50,19 +71,19 @@ def fold(words, width: int = 90, indent: str = "") -> list[str]:
     if width - display_width(indent) < 10:
         raise ValueError(f"width must leave >= 10 columns after the indent, got width={width}, "
                          f"indent of {display_width(indent)}")
-    if isinstance(words, str):
-        words = words.split()
+    pieces = _pieces(text) if isinstance(text, str) else [(str(w), True) for w in text]
     lines, line = [], ""
-    for word in words:
-        head = line or (indent if lines else "")
-        candidate = f"{line} {word}" if line else head + word
+    for piece, spaced in pieces:
+        candidate = line + (" " if spaced and line.strip() else "") + piece
+        if not line:
+            candidate = (indent if lines else "") + piece
         if display_width(candidate) <= width:
             line = candidate
             continue
-        if line:
+        if line.strip():
             lines.append(line)
-            head = indent
-        for ch in word:                    # cut a word wider than the line into pieces
+        head = indent if lines else ""
+        for ch in piece:                   # a piece wider than a line, cut into lines
             if display_width(head + ch) > width:
                 lines.append(head)
                 head = indent
@@ -104,7 +125,7 @@ def say(text: str, width: int = 88) -> None:
     """Print ``text`` wrapped to ``width`` columns, continuation lines indented under the
     first word (so "1. ..." items stay readable on a book page, ~90 columns, without
     side-scrolling). Columns are counted as a terminal shows them (:func:`display_width`: a
-    Chinese character takes two). A single word wider than ``width`` stays whole.
+    Chinese character takes two); Chinese text breaks between characters (:func:`fold`).
 
     Raises:
         ValueError: if ``width < 20``.
@@ -113,17 +134,7 @@ def say(text: str, width: int = 88) -> None:
         raise ValueError(f"width must be >= 20, got {width}")
     text = tr(text)
     m = re.match(r"(\d+\.|-)\s", text)
-    indent = " " * (len(m.group(0)) if m else 0)
-    lines, line = [], ""
-    for word in text.split():
-        candidate = f"{line} {word}" if line else (indent if lines else "") + word
-        if line and display_width(candidate) > width:
-            lines.append(line)
-            line = indent + word
-        else:
-            line = candidate
-    lines.append(line)
-    print("\n".join(lines))
+    print("\n".join(fold(text, width, " " * (len(m.group(0)) if m else 0))))
 
 
 # --------------------------------------------------------------------- Table
@@ -158,14 +169,17 @@ class Table:
             list; ``None`` right-aligns columns whose cells are all numbers (or empty).
         digits: decimals for float cells, one int for all columns or one per column
             (``None`` entries: 2). Ints print with thousands separators (``12,288``).
+        keys: how many leading columns name a row (default 1); a text form too wide for the
+            page repeats them in each part (:meth:`to_text`).
 
     Raises:
-        ValueError: if a row's length differs from ``headers``, or ``align`` / ``digits``
-            have the wrong length or values.
+        ValueError: if a row's length differs from ``headers``, ``align`` / ``digits``
+            have the wrong length or values, or ``keys`` is not in 1..len(headers).
         TypeError: if ``digits`` is not an int (or a sequence of ints / None).
     """
 
-    def __init__(self, rows, headers, *, title: str | None = None, align=None, digits=None):
+    def __init__(self, rows, headers, *, title: str | None = None, align=None, digits=None,
+                 keys: int = 1):
         self.headers = [tr(str(h)) for h in headers]
         n = len(self.headers)
         if n == 0:
@@ -185,6 +199,10 @@ class Table:
         self.align = _per_column(align, n, "align")
         if any(a not in ("<", ">") for a in self.align):
             raise ValueError(f"align entries must be '<' or '>', got {align!r}")
+        if isinstance(keys, bool) or not isinstance(keys, int) or not 1 <= keys <= n:
+            raise ValueError(f"keys must be an int in 1..{n} (columns that name a row), "
+                             f"got {keys!r}")
+        self.keys = keys
 
     def cell_text(self, i: int, j: int) -> str:
         """Row ``i``, column ``j`` as shown: floats rounded to the column's digits (``-0.00``
@@ -207,10 +225,9 @@ class Table:
         """Aligned text within ``max_width`` display columns: the title (wrapped), a header, a
         dashed rule, one line per row. Columns are separated by two spaces, or one when that
         keeps the table within ``max_width``. A wider table is folded into parts of whole
-        columns, one after another, each repeating the columns that name a row (the first
-        column, and the left-aligned ones right after it while they take at most a third of
-        ``max_width``). Where one column is too wide even for that, each row is written as a
-        record: ``header: cell`` per line, wrapped, empty cells left out.
+        columns, one after another, each repeating the ``keys`` columns that name a row.
+        Where one column is too wide even for that, each row is written as a record:
+        ``header: cell`` per line, wrapped, empty cells left out.
 
         Raises:
             ValueError: if ``max_width < 30``.
@@ -224,10 +241,7 @@ class Table:
         if sum(widths) + len(widths) - 1 <= max_width:
             return "\n".join(title + self._text_part(range(len(widths)), body, widths,
                                                       max_width))
-        keys = 1
-        while (keys < len(widths) and self.align[keys] == "<"
-               and sum(widths[:keys + 1]) + 2 * keys <= max_width // 3):
-            keys += 1
+        keys = self.keys
         parts, part = [], []
         for j in range(keys, len(widths)):
             used = sum(widths[k] + 2 for k in [*range(keys), *part, j]) - 2
@@ -264,7 +278,8 @@ class Table:
             for j, (h, c) in enumerate(zip(self.headers, row)):
                 if c or j == 0:
                     first = "" if j == 0 else "  "
-                    lines += fold([f"{first}{h}:", *c.split()], max_width, first + "  ")
+                    lines += [first + ln for ln in fold(f"{h}: {c}", max_width - len(first),
+                                                        "  ")]
         return lines
 
     def _repr_html_(self) -> str:

@@ -201,7 +201,8 @@ def _summary(title: str | None, kind: str, controls: dict, tail: str) -> str:
 
 class PrecomputedExplorer:
     """What :func:`precomputed_explorer` returns: shows as HTML (controls + all outputs) in the
-    book and JupyterLab, and as a one-line summary in text (what nbval compares).
+    book and JupyterLab, and as a summary in text (what nbval compares): one line, or folded
+    to 90 columns.
 
     With ``live_below`` (a live ``ipywidgets`` explorer of the same thing follows a few cells
     below) and a running kernel, the output also carries a small widget, :data:`LIVE_NOTE`:
