@@ -116,6 +116,7 @@ def test_hidden_size_static_tables_scale_with_b_and_s():
 @pytest.mark.filterwarnings("ignore:Glyph")
 def test_figure_explorers_embed_one_image_per_setting(traced):
     model, trace = traced
+    open_before = matplotlib.pyplot.get_fignums()
     att = attention_static(trace.attention_weights, TOKENS, TOKENS, default={"layer": 1, "head": 0})
     n = model.config.num_hidden_layers * model.config.num_attention_heads
     assert len(att.fragments) == n
@@ -124,7 +125,7 @@ def test_figure_explorers_embed_one_image_per_setting(traced):
     res = residual_stream_static(trace.hidden_states, TOKENS)
     assert len(res.fragments) == len(TOKENS) and res.default == {"token": len(TOKENS) - 1}
     assert all(f.startswith('<img src="data:image/png;base64,') for f in res.fragments.values())
-    assert matplotlib.pyplot.get_fignums() == []          # figures closed, not shown twice
+    assert matplotlib.pyplot.get_fignums() == open_before  # figures closed, not shown twice
 
 
 # ---- issue 26 item 15: chapter 06's formatting cells folded into viz helpers

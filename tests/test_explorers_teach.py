@@ -11,6 +11,7 @@ pytest.importorskip("matplotlib")
 import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
+import matplotlib.pyplot  # noqa: E402
 
 from tokenflow.serving import (BlockManager, LLMEngine, SamplingParams,  # noqa: E402
                                request_timeline, run_with_arrivals)
@@ -107,7 +108,7 @@ def test_block_table_rows_are_the_block_managers_state():
     assert t0[:2] == t1[:2] and t0[2] != t1[2]
     assert all(x["shared"] == (x["logical"] < 2) for x in rows)
     assert all(x["ref_count"] == eng.block_manager.blocks[x["physical"]].ref_count for x in rows)
-    block_table_figure(eng.block_manager, running)
+    matplotlib.pyplot.close(block_table_figure(eng.block_manager, running))
     # 2 requests, 3 logical blocks each, 4 physical: blocks t0[:2] shared twice
     assert block_table_sentence(eng.block_manager, running) == (
         f"2 requests hold 4 physical blocks for 6 logical ones; blocks {sorted(t0[:2])} are "
