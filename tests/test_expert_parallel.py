@@ -2,6 +2,8 @@
 W = 1, 2, 4 ranks gives the single-process MoE output, and the bytes each rank sends match the
 all-to-all formula. Each run forks its ranks from a forkserver (one thread each), with a 60 s
 timeout; the whole file takes a few seconds."""
+import os
+
 import pytest
 import torch
 
@@ -122,11 +124,26 @@ def test_simulate_routing():
         simulate_routing(num_experts=8, world_size=3)
 
 
-def test_timeout_kills_the_workers_and_raises():
-    # spawned interpreters need far longer than 0.05 s just to import torch
+def test_timeout_kills_the_workers_and_raises(monkeypatch):
+    """Spawned interpreters need far longer than 0.05 s just to import torch: the run times out,
+    and afterwards none of its ranks is alive and its temporary folder is gone."""
+    import tempfile
+
+    import psutil
+    folders = []
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: folders.append(mkdtemp(**kw))
+                        or folders[-1])
+    before = {c.pid for c in psutil.Process().children()}
     moe = demo_moe("seed")
     with pytest.raises(TimeoutError, match="timeout_s"):
         run_expert_parallel(moe, torch.randn(4, 64), 2, timeout_s=0.05, start_method="spawn")
+    assert len(folders) == 1 and not os.path.exists(folders[0])
+    left = [c.cmdline() for c in psutil.Process().children() if c.pid not in before
+            and c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    # multiprocessing's resource tracker stays for the life of this process, by design
+    left = [cmd for cmd in left if "multiprocessing.resource_tracker" not in " ".join(cmd)]
+    assert not left, f"ranks still running: {left}"
 
 
 def test_spawn_start_method_works():

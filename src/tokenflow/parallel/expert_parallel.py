@@ -236,6 +236,23 @@ def run_expert_parallel(moe: MoE, x: torch.Tensor, world_size: int, *,
         TimeoutError: if the processes do not finish within ``timeout_s`` (they are killed).
         RuntimeError: if a worker fails (its traceback is included).
     """
+    x, splits, backend, start_method = _run_arguments(moe, x, world_size, splits, backend,
+                                                      repeats, start_method)
+    payload = {"config": moe.config.to_dict(),
+               "state_dict": {k: v.detach().cpu() for k, v in moe.state_dict().items()},
+               "top_k": int(moe.gate.top_k),
+               "chunks": [c.clone() for c in torch.split(x, splits)]}
+    results = _spawn_ranks(payload, world_size, backend, timeout_s, repeats, start_method)
+    H = x.shape[1]
+    output = torch.cat([r["output"] for r in results]) if x.shape[0] else x.new_zeros(0, H)
+    repeats_stats = [[EPRankStats(**res["stats"][i]) for res in results] for i in range(repeats)]
+    return EPResult(output=output, ranks=repeats_stats[-1], splits=splits, backend=backend,
+                    repeats=repeats_stats)
+
+
+def _run_arguments(moe, x, world_size, splits, backend, repeats, start_method):
+    """:func:`run_expert_parallel`'s checks: ``(x [T, H] on CPU, splits, backend,
+    start_method)``, the defaults filled in."""
     import torch.multiprocessing as mp
     check_world_size(moe.num_experts, world_size)
     H = moe.gate.weight.shape[1]
@@ -261,16 +278,20 @@ def run_expert_parallel(moe: MoE, x: torch.Tensor, world_size: int, *,
         start_method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
     if start_method not in ("forkserver", "spawn"):
         raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
+    return x, splits, backend, start_method
 
+
+def _spawn_ranks(payload: dict, world_size: int, backend: str, timeout_s: float, repeats: int,
+                 start_method: str) -> list[dict]:
+    """Start ``world_size`` ranks on ``payload`` (saved to a temporary folder they read), wait
+    for them within ``timeout_s`` and return each rank's saved result; the processes and the
+    folder are gone afterwards, whatever happened."""
+    import torch.multiprocessing as mp
     workdir = tempfile.mkdtemp(prefix="tokenflow-ep-")
     store = None
     ctx = None
     try:
-        torch.save({"config": moe.config.to_dict(),
-                    "state_dict": {k: v.detach().cpu() for k, v in moe.state_dict().items()},
-                    "top_k": int(moe.gate.top_k),
-                    "chunks": [c.clone() for c in torch.split(x, splits)]},
-                   os.path.join(workdir, "payload.pt"))
+        torch.save(payload, os.path.join(workdir, "payload.pt"))
         store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,
                               wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
         if start_method == "forkserver":
@@ -293,8 +314,8 @@ def run_expert_parallel(moe: MoE, x: torch.Tensor, world_size: int, *,
                                f"{_logs(workdir, world_size)}") from None
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}{_logs(workdir, world_size)}") from None
-        results = [torch.load(os.path.join(workdir, f"rank{r}.pt"), weights_only=True)
-                   for r in range(world_size)]
+        return [torch.load(os.path.join(workdir, f"rank{r}.pt"), weights_only=True)
+                for r in range(world_size)]
     finally:
         if ctx is not None:
             for p in ctx.processes:                    # only the processes we started
@@ -306,10 +327,6 @@ def run_expert_parallel(moe: MoE, x: torch.Tensor, world_size: int, *,
                         p.join(5)
         del store
         shutil.rmtree(workdir, ignore_errors=True)
-    output = torch.cat([r["output"] for r in results]) if T else x.new_zeros(0, H)
-    repeats_stats = [[EPRankStats(**res["stats"][i]) for res in results] for i in range(repeats)]
-    return EPResult(output=output, ranks=repeats_stats[-1], splits=splits, backend=backend,
-                    repeats=repeats_stats)
 
 
 # ----------------------------------------------------------------------------- what-if
