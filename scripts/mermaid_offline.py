@@ -25,8 +25,12 @@ document.addEventListener("DOMContentLoaded", function () {
   if (typeof mermaid === "undefined") { return; }   // source text stays visible
   var dark = document.documentElement.dataset.theme === "dark";
   // labels in Chinese (the zh edition's diagram) drawn with its web font, as the text is
+  // drawn at its natural size (16 px labels; the page scrolls a narrow column's box sideways,
+  // _static/tokenflow.css) and with tight spacing between its ranks: 1,530 px tall, not 2,170
   mermaid.initialize({startOnLoad: false, securityLevel: "strict",
                       theme: dark ? "dark" : "default",
+                      flowchart: {useMaxWidth: false, rankSpacing: 20, nodeSpacing: 30,
+                                  padding: 8},
                       themeVariables: {fontFamily:
                         '"trebuchet ms", verdana, arial, "Tokenflow CJK", sans-serif'}});
   mermaid.run({querySelector: "pre.tokenflow-mermaid"});
