@@ -26,11 +26,12 @@ document.addEventListener("DOMContentLoaded", function () {
   var dark = document.documentElement.dataset.theme === "dark";
   // labels in Chinese (the zh edition's diagram) drawn with its web font, as the text is
   // drawn at its natural size (16 px labels; the page scrolls a narrow column's box sideways,
-  // _static/tokenflow.css) and with tight spacing between its ranks: 1,530 px tall, not 2,170
+  // _static/tokenflow.css) and with less space between its ranks and around its labels:
+  // about 1,640 px tall, not 2,170 (the subgraph's title keeps room under it)
   mermaid.initialize({startOnLoad: false, securityLevel: "strict",
                       theme: dark ? "dark" : "default",
-                      flowchart: {useMaxWidth: false, rankSpacing: 20, nodeSpacing: 30,
-                                  padding: 8},
+                      flowchart: {useMaxWidth: false, rankSpacing: 26, nodeSpacing: 30,
+                                  padding: 8, subGraphTitleMargin: {top: 0, bottom: 12}},
                       themeVariables: {fontFamily:
                         '"trebuchet ms", verdana, arial, "Tokenflow CJK", sans-serif'}});
   mermaid.run({querySelector: "pre.tokenflow-mermaid"});
