@@ -70,14 +70,16 @@ def lens_bars(pipeline: dict, blocks: dict, title: str = ""):
 def _number_segments(fig, ax, y: float, numbers: list) -> None:
     """Write the numbers of a bar's narrow segments above it at height ``y`` (data units):
     ``numbers`` holds ``[first, last, x0, x1]`` per segment (milliseconds), left to right.
-    Neighbours whose numbers would overlap share one label, ``3-4``, centred over them."""
+    Neighbours whose numbers would overlap, or come closer than half a text height, share one
+    label, ``3-4``, centred over them."""
     renderer = fig.canvas.get_renderer()
     drawn = []                                  # (first, last, x0, x1, text) left to right
     for first, last, x0, x1 in numbers:
         while True:
             text = ax.text((x0 + x1) / 2, y, str(first) if first == last else f"{first}-{last}",
                            ha="center", va="bottom", fontsize=MIN_FONT_PT)
-            if not drawn or not text.get_window_extent(renderer).overlaps(
+            gap = MIN_FONT_PT / 72 * fig.dpi / 2           # half a text height between them
+            if not drawn or not text.get_window_extent(renderer).padded(gap).overlaps(
                     drawn[-1][4].get_window_extent(renderer)):
                 break
             text.remove()                       # merge with the label to its left
