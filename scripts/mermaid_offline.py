@@ -27,7 +27,7 @@ document.addEventListener("DOMContentLoaded", function () {
   // labels in Chinese (the zh edition's diagram) drawn with its web font, as the text is
   // drawn at its natural size (16 px labels; the page scrolls a narrow column's box sideways,
   // _static/tokenflow.css) and with less space between its ranks and around its labels:
-  // about 1,640 px tall, not 2,170 (the subgraph's title keeps room under it)
+  // 1,617 px tall at 1280 px, not 2,150 (the subgraph's title keeps room under it)
   mermaid.initialize({startOnLoad: false, securityLevel: "strict",
                       theme: dark ? "dark" : "default",
                       flowchart: {useMaxWidth: false, rankSpacing: 26, nodeSpacing: 30,
