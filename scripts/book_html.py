@@ -20,8 +20,13 @@ phone's column its text would be about 7 px high. An inline script (:data:`FIGUR
 figure of a notebook output or a precomputed explorer in a ``div.tf-figure`` of its own, gives
 the image its intended width as ``--tf-figure-width``, and adds a hint after it;
 _static/tokenflow.css (screen only) keeps the image at no less than a set share of that width,
-lets the box scroll sideways, and shows the hint while the box has more to scroll to. Without
-scripts, figures scale with the column as before.
+lets the box scroll sideways, and shows the hint while the box has more to scroll to. The
+image's inline height (myst-nb writes the PNG's ``width`` and ``height``) is dropped, so the
+figure keeps its aspect ratio at any width (the stylesheet's ``height: auto !important`` does
+the same without scripts). Wide tables (``div.tf-table-wrap`` of tokenflow.viz.Table, the
+theme's ``div.pst-scrollable-table-container`` around markdown tables) and the Mermaid diagram
+(``pre.tokenflow-mermaid``) scroll in their own box already; they get the same hint, worded
+for a table or a diagram. Without scripts, figures scale with the column as before.
 
 Loaded by _config.yml (``sphinx: local_extensions: {book_html: scripts/}``).
 """
@@ -51,38 +56,64 @@ var require = (function () {
 """
 
 
-# The hint's text per edition (the Chinese one uses only characters of the book's web font).
-FIGURE_HINTS = {"en": "← scroll sideways to see the whole figure →",
-                "zh": "← 左右滑动查看整幅图 →"}
+# The hints' texts per edition and kind (the Chinese ones use only characters of the book's
+# web font, scripts/build_fonts.py).
+FIGURE_HINTS = {"en": {"figure": "← scroll sideways to see the whole figure →",
+                       "table": "← scroll sideways to see the whole table →",
+                       "diagram": "← scroll sideways to see the whole diagram →"},
+                "zh": {"figure": "← 左右滑动查看整幅图 →",
+                       "table": "← 左右滑动查看整张表 →",
+                       "diagram": "← 左右滑动查看整幅图 →"}}
+
+# The boxes that scroll sideways with a hint, and the kind of hint each gets.
+HINTED_BOXES = {"table": ".bd-article div.tf-table-wrap, "
+                         ".bd-article div.pst-scrollable-table-container, "
+                         ".bd-article div.tf-mp-scroll",
+                "diagram": ".bd-article pre.tokenflow-mermaid"}
 
 FIGURE_JS = """
 document.addEventListener("DOMContentLoaded", function () {
-  var hints = %s;
-  var hint = hints[document.documentElement.lang.slice(0, 2)] || hints.en;
-  var seen = window.ResizeObserver && new ResizeObserver(function (boxes) {
-    boxes.forEach(function (b) {
+  var hints = %s, boxes = %s;
+  hints = hints[document.documentElement.lang.slice(0, 2)] || hints.en;
+  var seen = window.ResizeObserver && new ResizeObserver(function (found) {
+    found.forEach(function (b) {
       var box = b.target;
-      box.classList.toggle("tf-figure-wide", box.scrollWidth > box.clientWidth + 1);
+      // (a markdown table scrolls itself inside the theme's container)
+      box.classList.toggle("tf-figure-wide", [box].concat([].slice.call(
+        box.querySelectorAll(":scope > table"))).some(function (e) {
+          return e.scrollWidth > e.clientWidth + 1; }));
     });
   });
+  // a hint after the box, shown by the stylesheet while the box is wider than its room
+  function hinted(box, kind) {
+    var note = document.createElement("div");
+    note.className = "tf-figure-hint";
+    note.setAttribute("aria-hidden", "true");
+    note.textContent = hints[kind];
+    box.after(note);
+    if (seen) seen.observe(box);
+  }
   document.querySelectorAll(".bd-article div.cell_output img, .bd-article .tf-out img")
     .forEach(function (img) {
       var width = parseFloat(img.style.width) || parseFloat(img.getAttribute("width"));
       if (!width || img.closest(".tf-figure")) return;
       var item = img.parentNode.matches("a.image-reference") ? img.parentNode : img;
-      var box = document.createElement("div"), note = document.createElement("div");
+      var box = document.createElement("div");
       box.className = "tf-figure";
-      note.className = "tf-figure-hint";
-      note.setAttribute("aria-hidden", "true");
-      note.textContent = hint;
       item.parentNode.insertBefore(box, item);
       box.appendChild(item);
-      box.after(note);
+      img.style.removeProperty("height");       // the width sets it: the aspect ratio kept
       img.style.setProperty("--tf-figure-width", width + "px");
-      if (seen) seen.observe(box);
+      hinted(box, "figure");
     });
+  Object.keys(boxes).forEach(function (kind) {
+    document.querySelectorAll(boxes[kind]).forEach(function (box) {
+      box.classList.add("tf-scroll-box");
+      hinted(box, kind);
+    });
+  });
 });
-""" % json.dumps(FIGURE_HINTS, ensure_ascii=True)
+""" % (json.dumps(FIGURE_HINTS, ensure_ascii=True), json.dumps(HINTED_BOXES))
 
 
 def setup(app):

@@ -25,8 +25,13 @@ document.addEventListener("DOMContentLoaded", function () {
   if (typeof mermaid === "undefined") { return; }   // source text stays visible
   var dark = document.documentElement.dataset.theme === "dark";
   // labels in Chinese (the zh edition's diagram) drawn with its web font, as the text is
+  // drawn at its natural size (16 px labels; the page scrolls a narrow column's box sideways,
+  // _static/tokenflow.css) and with less space between its ranks and around its labels:
+  // 1,617 px tall at 1280 px, not 2,150 (the subgraph's title keeps room under it)
   mermaid.initialize({startOnLoad: false, securityLevel: "strict",
                       theme: dark ? "dark" : "default",
+                      flowchart: {useMaxWidth: false, rankSpacing: 26, nodeSpacing: 30,
+                                  padding: 8, subGraphTitleMargin: {top: 0, bottom: 12}},
                       themeVariables: {fontFamily:
                         '"trebuchet ms", verdana, arial, "Tokenflow CJK", sans-serif'}});
   mermaid.run({querySelector: "pre.tokenflow-mermaid"});

@@ -914,8 +914,10 @@ DIAGRAM_GRID = {
     "next_token": (0, 2), "sampling": (1, 2), "logits": (2, 2), "lm_head": (3, 2),
     "final": (4, 2), "updated": (5, 2),
 }
-DIAGRAM_BOX = (1160, 540, 156, 100)   # the drawing's width, height; a box's width, height
-DIAGRAM_FONT_PX = (18, 16)             # a label's first line, its other lines and the arrows'
+DIAGRAM_BOX = (1160, 540, 156, 116)   # the drawing's width, height; a box's width, height
+# a label's first line, its other lines and the arrows': the cheat sheet draws the 1,160 px wide
+# drawing 718 px wide on A4, so 18 px is 8.4 pt on paper (8 pt at least)
+DIAGRAM_FONT_PX = (19, 18)
 DIAGRAM_COLUMNS = 13                   # a label line's width (a Chinese character counts 2)
 
 

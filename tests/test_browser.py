@@ -173,6 +173,83 @@ FIGURES_JS = """() => [...document.querySelectorAll('.bd-article img')]
             explorer: i.closest('.tf-explorer') !== null,
             column: i.closest('.bd-article').getBoundingClientRect().width}; })"""
 
+# The page's wide content at the current width, after the layout has settled (two frames, and
+# the Mermaid diagrams drawn): every shown table whose content is wider than its room, the
+# element that overflows (the table itself or a box around it), whether that element scrolls,
+# and whether a scroll hint (scripts/book_html.py) is shown after its box; and each Mermaid
+# diagram's drawn size and the smallest of its labels' text heights (CSS px, as displayed).
+LAYOUT_JS = """async () => {
+  const frame = () => new Promise(r => requestAnimationFrame(() => r()));
+  for (let i = 0; i < 300 && [...document.querySelectorAll('pre.tokenflow-mermaid')]
+       .some(p => !p.querySelector('svg')); i++) await frame();
+  await frame(); await frame();
+  const tables = [];
+  for (const t of document.querySelectorAll('.bd-article table')) {
+    if (!t.checkVisibility() || t.getBoundingClientRect().width === 0) continue;
+    let e = t;
+    while (e && !e.matches('.bd-article') && e.scrollWidth <= e.clientWidth + 1)
+      e = e.parentElement;
+    if (!e || e.matches('.bd-article')) continue;                // it fits
+    const o = getComputedStyle(e).overflowX, box = e.closest('.tf-scroll-box, .tf-figure');
+    const hint = box && box.nextElementSibling;
+    tables.push({box: e.className || e.tagName, content: e.scrollWidth, room: e.clientWidth,
+                 scrolls: o === 'auto' || o === 'scroll',
+                 hint: !!(hint && hint.matches('.tf-figure-hint') && hint.checkVisibility()),
+                 text: (t.innerText || '').trim().slice(0, 40)});
+  }
+  const diagrams = [...document.querySelectorAll('pre.tokenflow-mermaid svg')].map(svg => {
+    const r = svg.getBoundingClientRect(), scale = r.width / svg.viewBox.baseVal.width;
+    const sizes = [...svg.querySelectorAll('.nodeLabel, .edgeLabel, text')]
+      .filter(e => (e.textContent || '').trim())
+      .map(e => parseFloat(getComputedStyle(e).fontSize) * scale);
+    const box = svg.closest('pre'), hint = box.nextElementSibling;
+    return {width: r.width, height: r.height, labels: sizes.length,
+            least_px: Math.min(...sizes),
+            clipped: box.scrollWidth > box.clientWidth + 1 &&
+                     !(hint && hint.matches('.tf-figure-hint') && hint.checkVisibility())};
+  });
+  return {tables: tables, diagrams: diagrams};
+}"""
+
+DIAGRAM_TEXT_PX = 10
+"""The least height of a Mermaid diagram's label text, at 1280 px and on a 390 px phone."""
+
+DIAGRAM_MAX_HEIGHT = 1700
+"""The most CSS px a Mermaid diagram may be tall at 1280 px (under two 900 px screens)."""
+
+
+def layout_problems(walked: dict) -> tuple[list[str], dict]:
+    """At 1280 and 390 px (``layout`` and ``layout_phone`` of each page read): every table
+    whose content is wider than its room scrolls in its own box, with the scroll hint shown
+    under it (a table cut mid-word with no cue is a problem); every Mermaid diagram's labels
+    are at least :data:`DIAGRAM_TEXT_PX` high, a diagram wider than its box shows the hint,
+    and at 1280 px it is at most :data:`DIAGRAM_MAX_HEIGHT` tall. Returns the problems and
+    counts (tables that scroll, diagrams, their least label px and greatest height)."""
+    problems, seen = [], {"scrolling tables": 0, "diagrams": 0, "least label px": 99.0,
+                          "tallest diagram px": 0.0}
+    for f, res in walked.items():
+        for width, key in ((1280, "layout"), (390, "layout_phone")):
+            for t in res[key]["tables"]:
+                seen["scrolling tables"] += 1
+                if not (t["scrolls"] and t["hint"]):
+                    problems.append(f"{f} at {width} px: table {t['text']!r} is "
+                                    f"{t['content']} px in {t['room']} px ({t['box']}), "
+                                    f"scrolls {t['scrolls']}, hint shown {t['hint']}")
+            for d in res[key]["diagrams"]:
+                seen["diagrams"] += 1
+                seen["least label px"] = min(seen["least label px"], d["least_px"])
+                if width == 1280:
+                    seen["tallest diagram px"] = max(seen["tallest diagram px"], d["height"])
+                if not d["labels"] or d["least_px"] < DIAGRAM_TEXT_PX:
+                    problems.append(f"{f} at {width} px: diagram labels {d['least_px']:.1f} px "
+                                    f"({d['labels']} labels)")
+                if d["clipped"]:
+                    problems.append(f"{f} at {width} px: diagram wider than its box, no hint")
+                if width == 1280 and d["height"] > DIAGRAM_MAX_HEIGHT:
+                    problems.append(f"{f}: diagram {d['height']:.0f} px tall at 1280 px")
+    return problems, seen
+
+
 FIGURE_DPI = 120
 """figure.dpi of the chapters (tokenflow.viz.setup_notebook): an inline figure's PNG has twice
 as many pixels per inch (retina)."""
@@ -192,11 +269,16 @@ def figure_text_px(fig: dict) -> float:
 PHONE_TEXT_PX = 10
 """The least height of figure text on a 390 px phone."""
 
+DESKTOP_TEXT_PX = 16
+"""The least height of figure text at 1280 px: 10 pt at 120 px per inch is 16.7 px (the body
+text's size), less the 3 % a figure may be shrunk by."""
+
 
 def reading_size_problems(walked: dict) -> tuple[list[str], int, dict]:
-    """The figures of the pages read that are shown below their natural width at 1280 px or
-    whose text is under :data:`PHONE_TEXT_PX` at 390 px; the number of figures at 1280 px; the
-    smallest text (px) at each width."""
+    """The figures of the pages read that are shown below their natural width at 1280 px,
+    whose text is under :data:`PHONE_TEXT_PX` at 390 px, or whose displayed height / width
+    differs from their bitmap's by more than 2 % at either width; the number of figures at
+    1280 px; the smallest text (px) at each width."""
     small, least = [], {1280: float("inf"), 390: float("inf")}
     count = 0
     for f, res in walked.items():
@@ -206,6 +288,15 @@ def reading_size_problems(walked: dict) -> tuple[list[str], int, dict]:
             if fig["shown"] < 0.97 * fig["natural"]:
                 small.append(f"{f}: {fig['src']} {fig['natural']:.0f} px shown at "
                              f"{fig['shown']:.0f} px in a {fig['column']:.0f} px column")
+        for width, key in ((1280, "figures"), (390, "figures_phone")):
+            for fig in res[key]:
+                # (displayed height / width against the bitmap's: an inline height kept while
+                # the width shrinks squashes the figure)
+                ratio = (fig["height"] / fig["shown"]) / (fig["pixels"][1] / fig["pixels"][0])
+                if abs(ratio - 1) > 0.02:
+                    small.append(f"{f}: {fig['src']} at {width} px shown {fig['shown']:.0f} x "
+                                 f"{fig['height']:.0f} px, its aspect ratio off by "
+                                 f"{100 * (ratio - 1):+.0f} %")
         for fig in res["figures_phone"]:
             px = figure_text_px(fig)
             least[390] = min(least[390], px)
@@ -234,14 +325,15 @@ def read_page(tab: Tab, base: str, path: str, shots: bool = True,
     """Everything the tests of this file check on one page, read in one load (a page load is
     most of a check's CPU time), in an order where no step changes what a later one reads:
 
-    at 1280 px :data:`CHECKS_JS`, the glyphs (tests/glyphs.js), the figures' sizes, the
-    full-page screenshot; at 390 px (no transitions) the figures' sizes again; at 1280 px every
+    at 1280 px :data:`CHECKS_JS`, the glyphs (tests/glyphs.js), the figures' sizes, the wide
+    tables and diagrams (:data:`LAYOUT_JS`), the full-page screenshot; at 390 px (no
+    transitions) the figures' sizes and the wide tables and diagrams again; at 1280 px every
     explorer control moved (:data:`EXPLORE_JS`); at 390 px the sideways scroll and the
     screenshot; the page's log up to there; with ``solutions``, back at 1280 px, each
     solution's state before and after a click on its toggle (:data:`SOLUTIONS_JS`)."""
     page, log = tab.open(base, path)
     out = {"checks": page.evaluate(CHECKS_JS, BOXES), "glyphs": page.evaluate(GLYPHS_JS),
-           "figures": page.evaluate(FIGURES_JS)}
+           "figures": page.evaluate(FIGURES_JS), "layout": page.evaluate(LAYOUT_JS)}
     name = path.replace("/", "__").removesuffix(".html")
     if shots:
         page.screenshot(path=str(SHOTS / f"{name}-1280.jpg"), full_page=True, quality=70)
@@ -249,6 +341,7 @@ def read_page(tab: Tab, base: str, path: str, shots: bool = True,
     page.add_style_tag(content="*, *::before, *::after {transition: none !important}")
     page.set_viewport_size({"width": 390, "height": 900})
     out["figures_phone"] = page.evaluate(FIGURES_JS)
+    out["layout_phone"] = page.evaluate(LAYOUT_JS)
     page.set_viewport_size({"width": 1280, "height": 900})
     out["moves"] = page.evaluate(EXPLORE_JS)
     page.set_viewport_size({"width": 390, "height": 900})
@@ -337,15 +430,30 @@ def test_figures_are_shown_at_their_reading_size(walked):
     """Every figure of the English edition (tests/test_browser_zh.py: the Chinese one) is drawn
     for the column: at 1280 px it is shown at its natural size (at least 97 % of it), so its
     text, which matplotlib was given at tokenflow.viz.style.MIN_FONT_PT or more
-    (tests/test_viz_figure_text.py), is 16.7 px high (an explorer's, at 100 px per inch: 13.9
-    px); at 390 px (a phone) the same text is still at least :data:`PHONE_TEXT_PX` high
-    (:func:`figure_text_px`, from the size each figure is displayed at); the page does not
-    scroll sideways there (:func:`test_every_page_in_chromium`)."""
+    (tests/test_viz_figure_text.py), is 16.7 px high, an explorer's as an inline figure's
+    (both at 120 px per inch; at least :data:`DESKTOP_TEXT_PX`); at 390 px (a phone) the same
+    text is still at least :data:`PHONE_TEXT_PX` high (:func:`figure_text_px`, from the size
+    each figure is displayed at); at both widths each figure keeps its bitmap's aspect ratio
+    (within 2 %); the page does not scroll sideways there
+    (:func:`test_every_page_in_chromium`)."""
     small, count, least = reading_size_problems(walked)
     print(f"\n{count} figures; smallest text {least[1280]:.1f} px at 1280 px, "
           f"{least[390]:.1f} px at 390 px")
     assert count > 35, count          # 40 figures shown at their first setting
     assert not small, "\n".join(small)
+    assert least[1280] >= DESKTOP_TEXT_PX, least
+
+
+def test_wide_tables_and_diagrams_scroll_with_a_cue(walked):
+    """At 1280 and 390 px no table of the English edition is cut off: one wider than the
+    column scrolls in its own box with the scroll hint under it (scripts/book_html.py); the
+    token-flow diagram (chapters 0 and 6) is drawn with labels at least
+    :data:`DIAGRAM_TEXT_PX` high at both widths (a phone scrolls its box) and is at most
+    :data:`DIAGRAM_MAX_HEIGHT` tall at 1280 px (:func:`layout_problems`)."""
+    problems, seen = layout_problems(walked)
+    print(f"\n{seen}")
+    assert seen["scrolling tables"] > 20 and seen["diagrams"] == 4, seen   # 2 pages, 2 widths
+    assert not problems, "\n".join(problems)
 
 
 def test_explorer_works_in_chromium(tab, tmp_path):

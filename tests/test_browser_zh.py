@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from test_browser import (BOXES, CHECKS_JS, EXPLORE_JS, FIGURES_JS, GLYPHS_JS,  # noqa: F401
-                          ROOT, _explore_ok, book_pdf, glyph_problems, no_web_font, pdf_report,
+from test_browser import (BOXES, CHECKS_JS, DESKTOP_TEXT_PX, EXPLORE_JS,  # noqa: F401
+                          FIGURES_JS, GLYPHS_JS, LAYOUT_JS, ROOT, _explore_ok, book_pdf,
+                          glyph_problems, layout_problems, no_web_font, pdf_report,
                           reading_size_problems, serve, tab, toc_pages)
 
 
@@ -22,18 +23,20 @@ def walked(tab, server, zh_html_dir) -> dict:
     """Every page of the Chinese edition read once, for the tests below: page -> its checks
     (CHECKS_JS), glyphs (tests/glyphs.js, read first), explorer moves, the problems of its
     language switch and its log up to the switch; the figures' sizes
-    (tests/test_browser.py FIGURES_JS) at 1280 px and at 390 px, and how far the page scrolls
-    sideways at 390 px."""
+    (tests/test_browser.py FIGURES_JS) and its wide tables and diagrams (LAYOUT_JS) at 1280 px
+    and at 390 px, and how far the page scrolls sideways at 390 px."""
     no_web_font(tab.page)
     walked = {}
     for f in toc_pages():
         page, log = tab.open(server, f"zh/{f}.html")
         res = {"glyphs": page.evaluate(GLYPHS_JS), "checks": page.evaluate(CHECKS_JS, BOXES),
-               "figures": page.evaluate(FIGURES_JS), "switch": []}
+               "figures": page.evaluate(FIGURES_JS), "layout": page.evaluate(LAYOUT_JS),
+               "switch": []}
         # (no transitions: the sidebars are gone at once)
         page.add_style_tag(content="*, *::before, *::after {transition: none !important}")
         page.set_viewport_size({"width": 390, "height": 900})
         res["figures_phone"] = page.evaluate(FIGURES_JS)
+        res["layout_phone"] = page.evaluate(LAYOUT_JS)
         res["phone_overflow"] = page.evaluate(
             "() => document.scrollingElement.scrollWidth - innerWidth")
         page.set_viewport_size({"width": 1280, "height": 900})
@@ -83,8 +86,9 @@ def test_every_chinese_page_in_chromium(walked, tab, server):
 def test_chinese_figures_are_shown_at_their_reading_size(walked):
     """The Chinese edition's figures (its own PNGs, drawn with Chinese labels), measured as
     tests/test_browser.py's test_figures_are_shown_at_their_reading_size measures the English
-    ones: natural size at 1280 px, text at least PHONE_TEXT_PX high at 390 px, where no page
-    scrolls sideways."""
+    ones: natural size at 1280 px with text at least DESKTOP_TEXT_PX high, at 390 px text at
+    least PHONE_TEXT_PX high and no page scrolling sideways, and at both widths the aspect
+    ratio of its bitmap."""
     small, count, least = reading_size_problems(walked)
     sideways = [f"{f}: page scrolls sideways by {r['phone_overflow']} px at 390 px"
                 for f, r in walked.items() if r["phone_overflow"] > 1]
@@ -92,6 +96,18 @@ def test_chinese_figures_are_shown_at_their_reading_size(walked):
           f"{least[390]:.1f} px at 390 px")
     assert count > 35, count
     assert not small + sideways, "\n".join(small + sideways)
+    assert least[1280] >= DESKTOP_TEXT_PX, least
+
+
+def test_chinese_wide_tables_and_diagrams_scroll_with_a_cue(walked):
+    """The Chinese edition's tables and token-flow diagram, checked as tests/test_browser.py's
+    test_wide_tables_and_diagrams_scroll_with_a_cue checks the English ones: a table wider than
+    its room scrolls with the hint under it, the diagram's labels are legible at 1280 and
+    390 px and it is not taller than two screens at 1280 px."""
+    problems, seen = layout_problems(walked)
+    print(f"\n{seen}")
+    assert seen["scrolling tables"] > 20 and seen["diagrams"] == 4, seen
+    assert not problems, "\n".join(problems)
 
 
 def test_no_chinese_page_character_is_drawn_as_a_box(walked):

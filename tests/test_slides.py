@@ -42,6 +42,7 @@ CJK = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\ufe30-\ufe4f\uff00-\uffef]")
 MIN_SLIDES = 4
 PAGES_PER_CHAPTER = (2, 5)      # A4 pages of a chapter on the handout (3 to 8 slides + prompts)
 KIT_SHEETS = 2                  # the diagram and the cheat sheet, before the chapters
+CHEAT_SHEET_DIAGRAM_PT = 8      # the least text size of the cheat sheet's diagram on A4
 
 
 def notebook_numbers(chapter: str, edition: str = "en") -> list[str]:
@@ -195,7 +196,8 @@ def test_handout_prints_on_a4(page, book_html_dir, zh_html_dir):
     """Both editions' handout.html printed to A4 PDFs in _build/handout/ (as `make handout`):
     one page per sheet, the diagram and the cheat sheet first, 2 to 5 pages per chapter, every
     chapter there; in print media every sheet fits the printable height (so none spills onto
-    a second page), every slide fits, nothing is wider than the printable width or cut. Each
+    a second page), every slide fits, nothing is wider than the printable width or cut, the
+    cheat sheet's diagram has no text under CHEAT_SHEET_DIAGRAM_PT (8 pt) on paper. Each
     PDF read back (pypdf): its text has the cheat sheet's numbers and the diagram's labels in
     that edition's words, and the Chinese one embeds the CJK font."""
     assert slides.A4_PRINT_WIDTH == A4_WIDTH_PX
@@ -228,6 +230,15 @@ def test_handout_prints_on_a4(page, book_html_dir, zh_html_dir):
             slides.A4_PRINT_HEIGHT,
         )
         problems += [f"{edition}: does not fit: {i}" for i in fit]
+        # the cheat sheet's diagram read from paper: its smallest text, as printed (CSS px of
+        # the A4 layout, 96 per inch), at least CHEAT_SHEET_DIAGRAM_PT
+        least = page.evaluate("""() => Math.min(...[...document.querySelectorAll(
+            '.cheatsheet svg.diagram text')].map(t => { const svg = t.ownerSVGElement;
+              return parseFloat(t.getAttribute('font-size')) *
+                     svg.getBoundingClientRect().width / svg.viewBox.baseVal.width; }))""")
+        report[f"{edition} cheat sheet diagram pt"] = round(least * 72 / 96, 1)
+        if not least * 72 / 96 >= CHEAT_SHEET_DIAGRAM_PT:
+            problems.append(f"{edition}: cheat sheet diagram text {least * 72 / 96:.1f} pt")
     page.emulate_media(media="screen")
     page.set_viewport_size({"width": slides.WIDTH, "height": slides.HEIGHT})
     print("handout: A4 pages per chapter", report)

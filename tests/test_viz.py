@@ -292,6 +292,27 @@ def test_explorer_embeds_figures_once_and_closes_them():
     plt.close("all")
 
 
+def test_explorer_figures_are_shown_at_120_px_per_inch():
+    """An explorer's figure is shown at 120 CSS px per inch, as the chapters' inline figures
+    (figure.dpi 120), so its 10 pt text is 16.7 px: a 5 x 2 inch figure whose drawing fills
+    it (bbox_inches="tight" keeps the whole of it, plus matplotlib's 0.1 inch pad on each side:
+    5.2 inches) is an <img> 624 px wide, its PNG twice as many pixels (2x sharp)."""
+    from matplotlib.patches import Rectangle
+
+    def fig(k):
+        f = plt.figure(figsize=(5, 2))
+        ax = f.add_axes((0, 0, 1, 1))
+        ax.set_axis_off()
+        ax.add_patch(Rectangle((0, 0), 1, 1, color=f"C{k}", transform=ax.transAxes))
+        return f
+
+    img = next(t for t in _parse(precomputed_explorer(fig, {"k": [1]})._repr_html_())
+               if t["tag"] == "img")
+    png = base64.b64decode(img["attrs"]["src"].split(",", 1)[1])
+    assert abs(int(img["attrs"]["width"]) - 5.2 * 120) <= 2, img["attrs"]["width"]
+    assert abs(int.from_bytes(png[16:20], "big") - 2 * 5.2 * 120) <= 4
+
+
 def test_explorer_renders_tables_as_html():
     ex = precomputed_explorer(lambda n: Table([[n, n * n]], ["n", "n^2"]), {"n": [2, 3]})
     cells = [t["text"] for t in _parse(ex._repr_html_()) if t["tag"] == "td"]

@@ -23,7 +23,8 @@ def lens_bars(pipeline: dict, blocks: dict, title: str = ""):
     """Two stacked horizontal bars of the same run: the pipeline lens (``pipeline``: stage ->
     seconds, as :meth:`tokenflow.analysis.lenses.LensProfile.pipeline`) above the block lens
     (``blocks``: module class -> seconds). Segments in milliseconds, labelled when wide
-    enough, the narrower ones numbered above the bar and listed in a legend below the axis;
+    enough, the narrower ones numbered above the bar (neighbours whose numbers would overlap
+    share one label, ``3-4``) and listed in a legend below the axis;
     blue = hidden-state flow, yellow = MoE, green = token and decode loop.
 
     Raises:
@@ -36,8 +37,9 @@ def lens_bars(pipeline: dict, blocks: dict, title: str = ""):
     fig, ax = plt.subplots(figsize=column_figsize(9.5, 4.4))
     total = max(sum(pipeline.values()), sum(blocks.values())) * 1e3
     keyed = []                                  # segments too narrow for their label: numbered
+    numbered = {}                               # bar -> [first, last, x0, x1] per segment
     for y, lens in ((1, pipeline), (0, blocks)):
-        left = 0.0
+        left, numbers = 0.0, numbered.setdefault(y, [])
         for part, s in lens.items():
             ms = s * 1e3
             colour = _LENS_COLOURS.get(part, "#cccccc")
@@ -47,8 +49,7 @@ def lens_bars(pipeline: dict, blocks: dict, title: str = ""):
                         fontsize=MIN_FONT_PT, color=text_on(colour))
             elif ms > 0:
                 keyed.append((part, ms, colour))
-                ax.text(left + ms / 2, y + 0.32, str(len(keyed)), ha="center", va="bottom",
-                        fontsize=MIN_FONT_PT)
+                numbers.append([len(keyed), len(keyed), left, left + ms])
             left += ms
     rows = (len(keyed) + 1) // 2                # legend rows under the x-axis label
     if keyed:
@@ -61,7 +62,30 @@ def lens_bars(pipeline: dict, blocks: dict, title: str = ""):
     ax.set_ylim(-0.45, 1.65)
     ax.set_title(title or "one engine run, two lenses")
     fig.tight_layout(rect=(0, min(0.06 * rows, 0.45), 1, 1))
+    for y, numbers in numbered.items():         # placed where the final layout draws them
+        _number_segments(fig, ax, y + 0.32, numbers)
     return fig
+
+
+def _number_segments(fig, ax, y: float, numbers: list) -> None:
+    """Write the numbers of a bar's narrow segments above it at height ``y`` (data units):
+    ``numbers`` holds ``[first, last, x0, x1]`` per segment (milliseconds), left to right.
+    Neighbours whose numbers would overlap, or come closer than half a text height, share one
+    label, ``3-4``, centred over them."""
+    renderer = fig.canvas.get_renderer()
+    drawn = []                                  # (first, last, x0, x1, text) left to right
+    for first, last, x0, x1 in numbers:
+        while True:
+            text = ax.text((x0 + x1) / 2, y, str(first) if first == last else f"{first}-{last}",
+                           ha="center", va="bottom", fontsize=MIN_FONT_PT)
+            gap = MIN_FONT_PT / 72 * fig.dpi / 2           # half a text height between them
+            if not drawn or not text.get_window_extent(renderer).padded(gap).overlaps(
+                    drawn[-1][4].get_window_extent(renderer)):
+                break
+            text.remove()                       # merge with the label to its left
+            first, _, x0, _, previous = drawn.pop()
+            previous.remove()
+        drawn.append((first, last, x0, x1, text))
 
 
 def roofline_summary(config, hw_name: str = "H800", phase: str = "decode", batch: int = 64,

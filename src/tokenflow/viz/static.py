@@ -27,9 +27,10 @@ MAX_OUTPUTS = 48
 """Most combinations one explorer embeds (each figure adds ~30-80 KB to the page)."""
 MAX_HTML_BYTES = 4_000_000
 """Most bytes of HTML one explorer may produce."""
-PNG_DPI = 200
-"""Resolution the figures are rendered at; they are displayed at half (100 px per inch on the
-page, retina-sharp), so matplotlib's 10 pt text is ~14 px: body size."""
+PNG_DPI = 240
+"""Resolution the figures are rendered at; they are displayed at half (120 px per inch on the
+page, retina-sharp, as the chapters' inline figures), so matplotlib's 10 pt text is 16.7 px,
+the size of the book's body text."""
 
 # One handler for every control: read each control's index, update its value label, show the
 # output whose data-key is the indices joined by "-", hide the others.
