@@ -231,3 +231,13 @@ def test_zh_outputs_have_no_english_sentences(path):
     page's zh table)."""
     left = sorted(set(english_sentences(path)))
     assert not left, f"English in {path.name} (add to outputs_zh.json, rebuild): {left}"
+
+
+@pytest.mark.parametrize("path", ZH, ids=lambda p: p.stem)
+def test_zh_outputs_write_no_measure_word_twice(path):
+    """No stored output text of the Chinese notebook doubles a measure word ("888 个个
+    logits"), the mark of a template translating its own output again."""
+    from helpers import doubled_measure_words
+    left = [(i, w, t[max(0, t.find(w) - 20):t.find(w) + 20])
+            for i, _, t in output_texts(path) for w in doubled_measure_words(t)]
+    assert not left, left
