@@ -123,6 +123,8 @@ FORBIDDEN_TERMS = (
      "whole line"),
     (r"前向计算", "前向传播", "one term for 'forward pass'"),
     (r"执行器", "运行器", "one term for the engine's 'runner'"),
+    (r"(?<!（logit )(?<!，logit )透镜", "logit lens", "one term for 'logit lens': glossed "
+     "logit lens（logit 透镜） at first use, then logit lens"),
     (r"确定性(的)?设置", "可复现的设置", "one term for 'deterministic'"),
     (r"提示词元", "提示词词元", "one term for 'prompt token'"),
     (r"这就是\*\*解码\*\*", "这就是**解码阶段**", "label the decode phase where the "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -77,3 +78,13 @@ def explicit_attention():
         yield
     finally:
         attention._sdpa, mla._sdpa = saved
+
+
+# A Chinese measure word written twice ("888 个个 logits", "3 次 次"): what a translation
+# template gives when it translates its own output again. 一个个 (one by one) is a word.
+DOUBLED_MEASURE = re.compile(r"(?<!一)([个次块条组对项位倍张份段])\s*\1")
+
+
+def doubled_measure_words(text: str) -> list[str]:
+    """Each doubled measure word in ``text`` (empty if none)."""
+    return [m.group(0) for m in DOUBLED_MEASURE.finditer(text)]

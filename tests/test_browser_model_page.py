@@ -151,3 +151,21 @@ def test_the_page_fits(page, width):
     over = pg.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
     assert over <= 0, f"{width} px: the page scrolls sideways by {over} px"
     pg.set_viewport_size({"width": 1280, "height": 900})
+
+
+def test_the_chinese_page_writes_no_english_sentence(page):
+    """In the Chinese edition every shown text of the page (its lenses, the formula column,
+    the formulas and the hardware source line) is Chinese: no run of English prose words
+    (tests/test_zh_output_words.py's rule), on every hardware preset."""
+    from tokenflow.analysis.roofline import HARDWARE
+    from test_zh_output_words import english_runs
+    pg, log, lang = page
+    if lang != "zh-CN":
+        pytest.skip("the English page is English")
+    left = []
+    for hw in HARDWARE:
+        set_controls(pg, model="DeepSeek-V3", hardware=hw, precision="fp8", batch=64,
+                     context=4096, tp=1, ep=32)
+        left += [(hw, r) for r in english_runs(pg.locator(".tf-model-page").inner_text())]
+    assert not left, left
+    assert not log["errors"], log

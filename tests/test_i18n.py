@@ -402,6 +402,8 @@ def test_term_problems_refuse_each_forbidden_variant():
         "每步的提示词元": "提示词词元",
         "这就是**解码**：注意力": "解码阶段",
         "（`decode` 不会打印它）": "分词器的",
+        "再加上 logit 透镜。": "logit lens",
+        "透镜只读到“首”本身的嵌入": "logit lens",
     }
     for zh, hint in bad.items():
         problems = i18n.term_problems("any", zh)
@@ -420,6 +422,9 @@ def test_term_problems_refuse_each_forbidden_variant():
         "（分词器的 `decode` 不会打印它）",
         "服务流水线",
         "快好几倍",
+        "再加上 logit lens（logit 透镜）。",
+        "（即 **logit lens**，logit 透镜）",
+        "logit lens 只读到“首”本身的嵌入",
     ]
     for zh in good:
         assert i18n.term_problems("any", zh) == [], zh
@@ -434,4 +439,33 @@ def test_real_catalogs_use_the_agreed_terms():
                 if m.id and m.string and not m.fuzzy:
                     bad += [f"{po.relative_to(PO_DIR)}: {p}: {m.id[:60]!r}"
                             for p in i18n.term_problems(m.id, m.string)]
+    assert not bad, "\n".join(bad)
+
+
+def test_zh_prose_names_the_arrow_words_the_zh_diagram_shows():
+    """Where the English prose names an arrow action of the diagram (outside code), the
+    Chinese names it as the Chinese diagram labels it (查表, 读取 KV, ...), so the reader finds
+    the word on the figure."""
+    from tokenflow.viz import lang
+    from tokenflow.viz.diagram import load_diagram
+    actions = sorted(set(load_diagram().arrow_actions()))
+    lang.set_language("zh")
+    try:
+        zh = {a: lang.tr(a) for a in actions}
+    finally:
+        lang.set_language("en")
+    assert zh["read KV"] != "read KV" and zh["lookup"] != "lookup"
+    bad = []
+    for po in sorted(PO_DIR.rglob("*.po")):
+        with po.open("rb") as f:
+            for m in read_po(f):
+                if not (m.id and m.string) or m.fuzzy:
+                    continue
+                msgid = re.sub(r"`[^`]*`", "", m.id if isinstance(m.id, str) else m.id[0])
+                string = m.string if isinstance(m.string, str) else m.string[0]
+                for a in actions:
+                    if re.search(rf"(?<![\w-]){re.escape(a)}(?![\w-])", msgid) and \
+                            zh[a] not in string:
+                        bad.append(f"{po.relative_to(PO_DIR)}: {a!r} -> {zh[a]!r} missing in "
+                                   f"{string[:70]!r}")
     assert not bad, "\n".join(bad)

@@ -311,3 +311,37 @@ def test_trace_tables_in_chinese_have_no_english_prose(traced_prompt):
         assert len(text.splitlines()) >= 10
         words = [w for line in text.splitlines()[1:] for w in _english_words(line)]
         assert words == [], sorted(set(words))
+
+
+def test_chinese_recap_figure_names_each_count_once(monkeypatch):
+    """The recap figure in Chinese, drawn twice (the notebook's display and a save), writes
+    "888 个 logits": each drawn text is translated once, no measure word doubled."""
+    import io
+
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Text
+
+    from helpers import doubled_measure_words
+    from tokenflow.viz import lang, line_figure
+    lang.set_language("zh")
+    shown, draw = [], Text.draw
+
+    def record(self, renderer, *args, **kwargs):
+        out = draw(self, renderer, *args, **kwargs)
+        shown.append(self.get_text())
+        return out
+
+    monkeypatch.setattr(Text, "draw", record)
+    try:
+        fig = line_figure([("token ids", "token", "5 ids", "V = 129,280"),
+                           ("FFN / MoE  route top-k", "moe", "2 of 8 experts", "8 of 256 experts"),
+                           ("LM head", "hidden", "888 logits", "129,280 logits")],
+                          title="the whole line, with the book's numbers")
+        fig.canvas.draw()
+        fig.savefig(io.BytesIO(), format="png")
+        fig.canvas.draw()
+        plt.close(fig)
+    finally:
+        lang.set_language("en")
+    assert "888 个 logits" in shown and "129,280 个 logits" in shown, shown
+    assert [t for t in shown if doubled_measure_words(t)] == []

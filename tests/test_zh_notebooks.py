@@ -257,3 +257,20 @@ def test_rebase_links_moves_only_links_out_of_the_folder(tmp_path):
     source = ["English"]
     i18n._chinese_notebook(app, "notebooks/02_x", source)
     assert json.loads(source[0])["cells"][0]["source"] == back["cells"][0]["source"]
+
+
+def test_tr_gives_its_own_translation_back_unchanged(zh):
+    """Every entry, filled in, translates once: its translation looked up again (matplotlib
+    draws a text more than once, and a printed sentence is looked up by say() after the
+    function wrote it) stays as it is, with no doubled measure word ("888 个个 logits")."""
+    from helpers import doubled_measure_words
+    from tokenflow.viz.lang import CATALOG
+    bad = []
+    for en in json.loads(CATALOG.read_text(encoding="utf-8"))["messages"]:
+        text = en.replace("{}", "7")
+        once = zh.tr(text)
+        twice = zh.tr(once)
+        if twice != once or doubled_measure_words(once):
+            bad.append(f"{en!r}: {once!r} -> {twice!r}")
+    assert not bad, "\n".join(bad)
+    assert zh.tr("888 logits") == "888 个 logits" == zh.tr(zh.tr("888 logits"))

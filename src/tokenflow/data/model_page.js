@@ -42,7 +42,23 @@
       intensity: "FLOPs per byte", ridgeName: "ridge point (peak FLOP/s / HBM bandwidth)",
       ctxShort: "context", seqs: "sequences", inPrefill: "prefill: the prompt",
       inDecode: "decode: the last token", outTok: "one per sequence per step",
-      streamed: "tokens streamed back"
+      streamed: "tokens streamed back",
+      fParams: "\u03a3 embedding, attention, FFN / experts, router, norms, LM head",
+      fActive: "routed experts \u00d7 K / E",
+      fWeightsTp: "(embedding + attention + dense FFN + shared + LM head) / TP (K/V heads whole)",
+      fWeightsEp: "routed experts / EP", fWeightsRep: "(norms + router)",
+      fWeights: "sum of the three",
+      fKv: "batch \u00b7 \u03a3 layers min(context, window) \u00b7 bytes per layer / TP",
+      fUsed: "weights + KV",
+      fMaxBatch: "\u230a(0.9 \u00b7 memory \u2212 weights) / KV per sequence\u230b",
+      fCompute: function (d, a) {
+        return "compute = (FLOPs \u2212 attention FLOPs) / peak[" + d + "] + attention " +
+          "FLOPs / peak[" + a + "]; memory = bytes (weights touched + KV read and written) " +
+          "/ HBM bandwidth; NVLink, InfiniBand = all-to-all";
+      },
+      fDispatch: "dispatch", fCombine: "combine",
+      fTail: " and TP all-reduce bytes / link bandwidth. ",
+      hwSources: {}, modelNames: {}
     },
     zh: {
       model: "模型", hardware: "硬件", precision: "精度", batch: "批大小（序列数）",
@@ -80,7 +96,39 @@
       groups: "个专家组（分组限制路由）",
       intensity: "每字节 FLOPs", ridgeName: "脊点（峰值 FLOP/s / HBM 带宽）",
       ctxShort: "上下文", seqs: "个序列", inPrefill: "预填充：整个提示词",
-      inDecode: "解码：上一个词元", outTok: "每步每个序列一个", streamed: "词元流式返回"
+      inDecode: "解码：上一个词元", outTok: "每步每个序列一个", streamed: "词元流式返回",
+      fParams: "\u03a3 嵌入、注意力、FFN / 专家、路由器、归一化、LM 头",
+      fActive: "路由专家 \u00d7 K / E",
+      fWeightsTp: "(嵌入 + 注意力 + 稠密 FFN + 共享专家 + LM 头) / TP（K/V 头不切分）",
+      fWeightsEp: "路由专家 / EP", fWeightsRep: "(归一化 + 路由器)",
+      fWeights: "三者之和",
+      fKv: "批大小 \u00b7 \u03a3 各层 min(上下文, 窗口) \u00b7 每层字节数 / TP",
+      fUsed: "权重 + KV",
+      fMaxBatch: "\u230a(0.9 \u00b7 显存 \u2212 权重) / 每个序列的 KV\u230b",
+      fCompute: function (d, a) {
+        return "计算 = (FLOPs \u2212 注意力 FLOPs) / 峰值[" + d + "] + 注意力 FLOPs / " +
+          "峰值[" + a + "]；显存 = 字节数（读到的权重 + 读写的 KV）/ HBM 带宽；NVLink、" +
+          "InfiniBand = all-to-all";
+      },
+      fDispatch: "分发", fCombine: "合并",
+      fTail: "，以及 TP all-reduce 字节数 / 链路带宽。",
+      modelNames: {"tokenflow tiny (the book's model)": "tokenflow tiny（本书的小模型）"},
+      hwSources: {
+        "H100 SXM": "NVIDIA H100 Tensor Core GPU 数据手册 SXM 栏：BF16/FP16 Tensor Core " +
+          "1,979 TFLOPS 和 FP8 3,958 TFLOPS 是“含稀疏”的值，这里减半为稠密值（989 / 1,979）；" +
+          "FP32（不用 Tensor Core）67 TFLOPS。HBM3 80 GB，3.35 TB/s；NVLink 4 的 900 GB/s 是" +
+          "双向合计（每个方向 450 GB/s）；节点间：DGX H100 数据手册，每块 GPU 一块 ConnectX-7 " +
+          "400 Gb/s（50 GB/s）。本次没有重读原文：按记忆中的数据手册，并与一个二手页面" +
+          "（glennklockwood.com/garden/processors/h100）核对。",
+        "H200 SXM": "算力同 H100（NVIDIA H100 数据手册 SXM 栏，含稀疏的值减半为稠密值；" +
+          "按 NVIDIA H200 数据手册是同一颗 GH100）；HBM3e 141 GB，4.8 TB/s；NVLink 900 GB/s " +
+          "为双向合计；节点间同 H100（每块 GPU 400 Gb/s）。按记忆中的数据手册，并与二手页面" +
+          "核对；本次未对照原始资料核实（UNVERIFIED）。",
+        "H800 SXM": "算力和 HBM 同 H100 SXM（NVLink 削减的出口版本；本次未对照 NVIDIA 数据手册" +
+          "核实，UNVERIFIED）。链路：DeepSeek-V3 报告 arXiv:2412.19437 第 3.2.2 节，关于 " +
+          "DeepSeek 的 H800 集群：“NVLink 提供 160 GB/s 的带宽，约为 IB（50 GB/s）的 3.2 倍”" +
+          "（已对照报告 arXiv v2 的 HTML 原文）。"
+      }
     }
   };
 
@@ -130,7 +178,7 @@
       return el("label", {cls: "tf-mp-ctl"}, [el("span", {text: label}), input]);
     }
     var ctl = {
-      model: select("model", names.map(function (n) { return [n, n]; }), d0.model),
+      model: select("model", names.map(function (n) { return [n, L.modelNames[n] || n]; }), d0.model),
       hardware: select("hardware", Object.keys(data.hardware).sort().map(function (h) {
         return [h, data.hardware[h].name]; }), d0.hardware),
       precision: select("precision", [["bf16", L.bf16], ["fp8", L.fp8]], d0.precision),
@@ -232,30 +280,30 @@
           "L \u00b7 (kv_lora_rank + qk_rope_head_dim) \u00b7 " + kb + " B" :
           "2 \u00b7 L \u00b7 num_key_value_heads \u00b7 head_dim \u00b7 " + kb + " B";
       var rows = [
-        [L.params, "\u03a3 embedding, attention, FFN / experts, router, norms, LM head",
+        [L.params, L.fParams,
          num("params_total_t", TF.fmtSI(r.params_total, "")), cm + "param_count"],
-        [L.active, "routed experts \u00d7 K / E (" + c.num_experts_per_tok + " / " +
+        [L.active, L.fActive + " (" + c.num_experts_per_tok + " / " +
          c.num_experts + ")", num("params_active_t", TF.fmtSI(r.params_active, "")),
          cm + "active_param_count"],
         [L.kvTok, kvForm, num("kv_bytes_per_token_t", TF.fmtSI(r.kv_bytes_per_token, "B")),
          cm + "kv_cache_bytes_per_token"],
-        [L.weightsTp, "(embedding + attention + dense FFN + shared + LM head) / TP " +
-         "(K/V heads whole) \u00b7 " + b + " B", num("weights_tp", TF.fmtSI(r.weights_tp, "B")),
+        [L.weightsTp, L.fWeightsTp + " \u00b7 " + b + " B",
+         num("weights_tp", TF.fmtSI(r.weights_tp, "B")),
          cm + "weight_bytes_per_device"],
-        [L.weightsEp, "routed experts / EP \u00b7 " + b + " B",
+        [L.weightsEp, L.fWeightsEp + " \u00b7 " + b + " B",
          num("weights_ep", TF.fmtSI(r.weights_ep, "B")), cm + "weight_bytes_per_device"],
-        [L.weightsRep, "(norms + router) \u00b7 " + b + " B",
+        [L.weightsRep, L.fWeightsRep + " \u00b7 " + b + " B",
          num("weights_replicated", TF.fmtSI(r.weights_replicated, "B")),
          cm + "weight_bytes_per_device"],
-        [L.weights, "sum of the three", num("weights", TF.fmtSI(r.weights, "B")),
+        [L.weights, L.fWeights, num("weights", TF.fmtSI(r.weights, "B")),
          cm + "weight_bytes_per_device"],
-        [L.kv, "batch \u00b7 \u03a3 layers min(context, window) \u00b7 bytes per layer / TP",
+        [L.kv, L.fKv,
          num("kv_cache", TF.fmtSI(r.kv_cache, "B")), cm + "kv_cache_bytes"],
-        [L.used, "weights + KV", num("memory_used", TF.fmtSI(r.memory_used, "B")),
+        [L.used, L.fUsed, num("memory_used", TF.fmtSI(r.memory_used, "B")),
          (r.fits ? L.fits : L.noFit)],
         [L.budget, "0.9 \u00b7 " + TF.fmtSI(hw.memory_bytes, "B"),
          num("memory_budget", TF.fmtSI(r.memory_budget, "B")), hw.name],
-        [L.maxBatch, "\u230a(0.9 \u00b7 memory \u2212 weights) / KV per sequence\u230b",
+        [L.maxBatch, L.fMaxBatch,
          num("max_batch", TF.fmtInt(r.max_batch)), cm + "max_batch_size"]];
       var t1 = el("table", {cls: "tf-mp-table"}, [row([L.quantity, L.formula, L.value,
                                                         L.source], true)]);
@@ -277,17 +325,15 @@
       t2.appendChild(row([L.ridgeName, "", "", "", "", "", "", "",
                           num("ridge", TF.fmtSI(r.ridge, ""))]));
       var forms = el("div", {cls: "tf-mp-forms"}, [
-        el("div", {text: "compute = (FLOPs \u2212 attention FLOPs) / peak[" + p.dtype +
-                   "] + attention FLOPs / peak[" + p.attention_dtype + "]; memory = bytes " +
-                   "(weights touched + KV read and written) / HBM bandwidth; NVLink, " +
-                   "InfiniBand = all-to-all (dispatch " + p.dispatch_bytes_per_element +
-                   " B, combine " + p.combine_bytes_per_element + " B; " + L.paths +
+        el("div", {text: L.fCompute(p.dtype, p.attention_dtype) + " (" + L.fDispatch + " " +
+                   p.dispatch_bytes_per_element + " B, " + L.fCombine + " " +
+                   p.combine_bytes_per_element + " B; " + L.paths +
                    (c.n_group > 1 && c.topk_group < c.n_group ? "; " + c.topk_group + " / " +
-                    c.n_group + " " + L.groups : "") + ") and TP all-reduce bytes / link " +
-                   "bandwidth. " +
+                    c.n_group + " " + L.groups : "") + ")" + L.fTail +
                    rf + "roofline, " + rf + "forward_flops, " + cm + "forward_bytes"}),
         el("div", {cls: "tf-mp-note", text: L.note}),
-        el("div", {cls: "tf-mp-note", text: L.hwSource + ": " + hw.source})]);
+        el("div", {cls: "tf-mp-note",
+                   text: L.hwSource + ": " + (L.hwSources[hw.name] || hw.source)})]);
       tables.appendChild(el("div", {cls: "tf-mp-caption", text: L.formulas}));
       tables.appendChild(el("div", {cls: "tf-mp-scroll"}, [t1]));
       tables.appendChild(el("div", {cls: "tf-mp-caption", text: L.roof}));

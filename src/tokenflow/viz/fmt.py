@@ -417,8 +417,8 @@ class Agreement:
         return self.ok
 
     def __str__(self) -> str:
-        head = f"{self.what}: " if self.what else ""
-        text = f"{head}equal within {format_tolerance(self.tol)}: {self.ok}"
+        head = f"{tr(self.what)}: " if self.what else ""
+        text = tr(f"{head}equal within {format_tolerance(self.tol)}: {self.ok}")
         if not self.ok:
             text += f" (max |a - b| = {self.max_abs_diff:.2g})"
         return text

@@ -6,7 +6,9 @@ each English string up in ``data/outputs_zh.json``; numbers, code and names stay
 An entry is either a whole string (``"what it does"``) or a template whose ``{}`` stand for
 any text (``"{} tokens"``), its translation naming them ``{0}``, ``{1}``, ... in the order they
 appear in the English; where several templates match, the one with the most fixed text wins;
-a string with no entry stays English. :func:`tr` is the one lookup:
+a string with no entry stays English; a text :func:`tr` has already given back is given back
+as it is (``"{} logits"`` gives ``"888 个 logits"``, which the same template would otherwise
+match again: ``"888 个 个 logits"``). :func:`tr` is the one lookup:
 :func:`~tokenflow.viz.fmt.say` (the "what you can now say" sentences), table headers and
 titles, the explorers' titles and notes, the diagram's labels, and every text matplotlib draws
 (titles, axis labels, legends, annotations: each is looked up as it is drawn).
@@ -23,6 +25,7 @@ _IMPORTED = set(globals())          # the names above are imported, not defined 
 LANGUAGES = ("en", "zh")
 CATALOG = Path(__file__).parent.parent / "data" / "outputs_zh.json"
 _state = {"lang": "en"}
+_given: set[str] = set()            # the translations tr has given back (never looked up again)
 
 
 def set_language(lang: str) -> None:
@@ -62,11 +65,16 @@ def tr(text):
         return text
     exact, templates = _catalog()
     if text in exact:
+        _given.add(exact[text])
         return exact[text]
+    if text in _given:
+        return text
     for pattern, zh in templates:
         m = pattern.fullmatch(text)
         if m:
-            return zh.format(*m.groups())
+            out = zh.format(*m.groups())
+            _given.add(out)
+            return out
     return text
 
 

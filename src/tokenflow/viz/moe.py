@@ -6,6 +6,8 @@ Part of :mod:`tokenflow.viz`, the only package that draws; nothing below it impo
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from .fmt import fold
+from .lang import tr
 from .style import column_figsize, MIN_FONT_PT, text_on
 from matplotlib.patches import FancyBboxPatch
 
@@ -300,10 +302,9 @@ def moe_routing_summary(num_experts: int, top_k: int, batch_size: int, seq_len: 
                              hidden_size=hidden_size, bytes_per_element=bytes_per_element,
                              capacity_factor=capacity_factor, seed=seed)
     except ValueError as exc:
-        import textwrap
-        return textwrap.fill(f"ValueError: {exc}", width=90, subsequent_indent="  ")
+        return "\n".join(fold(tr(f"ValueError: {exc}"), 90, "  "))
     pairs = r["tokens"] * top_k
-    return "\n".join([
+    lines = [
         f"E={num_experts} experts, top-k={top_k}, B={batch_size} x S={seq_len} = "
         f"{r['tokens']} tokens -> {pairs} (token, expert) pairs",
         f"  load: min {min(r['counts'])}, mean {pairs / num_experts:.4g}, max "
@@ -314,7 +315,8 @@ def moe_routing_summary(num_experts: int, top_k: int, batch_size: int, seq_len: 
         f"{r['remote_pairs']} cross ranks",
         f"  all-to-all at H={hidden_size}, {bytes_per_element} B/element: dispatch "
         f"{r['dispatch_bytes']:,} B + combine {r['combine_bytes']:,} B",
-        f"  (uniform-routing formula: {int(r['uniform_bytes']):,} B each way)"])
+        f"  (uniform-routing formula: {int(r['uniform_bytes']):,} B each way)"]
+    return "\n".join(line[:len(line) - len(line.lstrip())] + tr(line.lstrip()) for line in lines)
 
 
 def prob_text(p: float) -> str:

@@ -16,6 +16,7 @@ matplotlib is imported when a figure is drawn.
 """
 from __future__ import annotations
 
+from .lang import tr
 from .style import column_figsize, MIN_FONT_PT, text_on
 from tokenflow.analysis.trace import COLORS
 
@@ -216,11 +217,12 @@ def preemption_report(steps, prompts) -> str:
                 raise ValueError(f"request id {rid!r} does not index prompts") from None
             back = next((b for b in steps[pos + 1:]
                          if rid in b.decode or any(r == rid for r, _ in b.prefill)), None)
-            lines.append(f"step {s.index}: request {rid} preempted (its blocks freed)")
-            lines.append("no later step admitted it again" if back is None else
-                         f"step {back.index}: admitted again, {dict(back.prefill).get(rid, 1)} "
-                         f"tokens recomputed (prompt {prompt_len} + the tokens it had generated)")
-    return "\n".join(lines) or "no request was preempted"
+            lines.append(tr(f"step {s.index}: request {rid} preempted (its blocks freed)"))
+            lines.append(tr("no later step admitted it again" if back is None else
+                            f"step {back.index}: admitted again, "
+                            f"{dict(back.prefill).get(rid, 1)} tokens recomputed (prompt "
+                            f"{prompt_len} + the tokens it had generated)"))
+    return "\n".join(lines) or tr("no request was preempted")
 
 
 # what this module defines (every public name after the imports)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..serving.peer import VLLM_COUNTERPARTS
 from .fmt import Table
+from .lang import language, tr
 
 _IMPORTED = set(globals())          # the names above are imported, not defined here
 
@@ -26,25 +27,27 @@ def peer_table(run: dict) -> Table:
 
 
 def peer_summary(run: dict) -> str:
-    """One paragraph comparing the two engines' counters, worded from the numbers."""
+    """One paragraph comparing the two engines' counters, worded from the numbers (each
+    clause through :func:`~tokenflow.viz.lang.tr`, so it reads in the set language)."""
     c, o, v = run["comparison"], run["ours"], run["vllm"]
-    verdict = ("gave the same tokens on every request" if c["identical_requests"] ==
-               c["num_requests"] else f"differed on {c['num_requests'] - c['identical_requests']}"
-               " requests")
+    verdict = (tr("Both engines gave the same tokens on every request.")
+               if c["identical_requests"] == c["num_requests"] else
+               tr(f"Both engines differed on {c['num_requests'] - c['identical_requests']} "
+                  "requests."))
 
     def cmp(what: str, a: int, b: int) -> str:
         if a == b:
-            return f"the same {what} ({a})"
-        return f"{'more' if b > a else 'fewer'} {what} in vLLM ({b} against our {a})"
-    hits = cmp("prompt tokens served from the prefix cache", o["prefix_cache_hits"],
-               v["prefix_cache_hits"])
+            return tr(f"the same {what} ({a})")
+        return tr(f"{'more' if b > a else 'fewer'} {what} in vLLM ({b} against our {a})")
+    parts = [cmp("steps", o["num_steps"], v["num_steps"]),
+             cmp("preemptions", o["num_preemptions"], v["num_preemptions"]),
+             cmp("prompt tokens served from the prefix cache", o["prefix_cache_hits"],
+                 v["prefix_cache_hits"])]
     same = (o["num_steps"], o["num_preemptions"], o["prefix_cache_hits"]) == (
         v["num_steps"], v["num_preemptions"], v["prefix_cache_hits"])
-    return (f"Both engines {verdict}. "
-            + ("The schedules are the same: " if same else "The schedules are close but not "
-               "equal: ")
-            + f"{cmp('steps', o['num_steps'], v['num_steps'])}, "
-            f"{cmp('preemptions', o['num_preemptions'], v['num_preemptions'])} and {hits}.")
+    head = "The schedules are the same" if same else "The schedules are close but not equal"
+    gap = "" if language() == "zh" else " "
+    return verdict + gap + tr(f"{head}: {parts[0]}, {parts[1]} and {parts[2]}.")
 
 
 def counterparts_table() -> Table:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from .lang import tr
 from .style import column_figsize, MIN_FONT_PT
 from tokenflow.analysis.trace import COLORS
 
@@ -201,10 +202,10 @@ def sampling_panel(logits, tokenizer, temperature: float = 1.0, top_k: int | Non
         title += (f": {int(kept.sum())} of {kept.numel()} kept, "
                   f"drawn {tokenizer.id_to_token(chosen)}")
     else:
-        print(f"T={temperature}, top_k={top_k}, top_p={top_p}, min_p={min_p}: "
-              f"{int(kept.sum())} of {kept.numel()} tokens kept\n"
-              f"  they held {float(before[kept].sum()):.3f} of the probability; "
-              f"drawn (seed {seed}): {tokenizer.id_to_token(chosen)}")
+        print(tr(f"T={temperature}, top_k={top_k}, top_p={top_p}, min_p={min_p}: "
+                 f"{int(kept.sum())} of {kept.numel()} tokens kept") + "\n  "
+              + tr(f"they held {float(before[kept].sum()):.3f} of the probability; "
+                   f"drawn (seed {seed}): {tokenizer.id_to_token(chosen)}"))
     return sampling_bars(names, before[top], after[top], kept[top],
                          chosen=top.index(chosen), title=title)
 

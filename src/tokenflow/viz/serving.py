@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from .lang import tr
 from .style import column_figsize, MIN_FONT_PT
 from tokenflow.analysis.trace import COLORS
 
@@ -439,12 +440,12 @@ def chunked_prefill_sentence(runs: dict, long_id, baseline) -> str:
             continue
         d = ttft(eng) - ttft(base)
         word = "sooner" if d < 0 else "later"
-        parts.append(f"with budget {budget:,} it came {abs(d):.1f} ms {word} "
-                     f"({ttft(eng):.1f} ms) and the longest decode step took "
-                     f"{worst(eng):.0f} ms")
-    return (f"Measured in this run: without chunking (budget {baseline:,}) request "
-            f"{long_id}'s first token came {ttft(base):.1f} ms after its arrival and the "
-            f"longest decode step took {worst(base):.0f} ms; " + "; ".join(parts) + ".")
+        parts.append(tr(f"with budget {budget:,} it came {abs(d):.1f} ms {word} "
+                        f"({ttft(eng):.1f} ms) and the longest decode step took "
+                        f"{worst(eng):.0f} ms"))
+    return tr(f"Measured in this run: without chunking (budget {baseline:,}) request "
+              f"{long_id}'s first token came {ttft(base):.1f} ms after its arrival and the "
+              f"longest decode step took {worst(base):.0f} ms; " + tr("; ").join(parts) + ".")
 
 
 # what this module defines (every public name after the imports)

@@ -5,6 +5,7 @@ Part of :mod:`tokenflow.viz`, the only package that draws; nothing below it impo
 """
 from __future__ import annotations
 
+from .lang import tr
 from .serving import _lengths_text
 
 _IMPORTED = set(globals())          # the names above are imported, not defined here
@@ -109,15 +110,15 @@ def workload_summary(tokenizer, prompts, params, arrival_steps, examples=(0, 1, 
                          f"{max_arrivals}")
     lines = []
     for i in examples:
-        lines.append(f"request {i}: {len(prompts[i])} prompt tokens, "
-                     f"{params[i].max_new_tokens} new, arrives at step {arrival_steps[i]}")
+        lines.append(tr(f"request {i}: {len(prompts[i])} prompt tokens, "
+                        f"{params[i].max_new_tokens} new, arrives at step {arrival_steps[i]}"))
         lines.append(f"   ...{tokenizer.decode(prompts[i])[-tail_chars:]}")
     lens, news = [len(p) for p in prompts], [p.max_new_tokens for p in params]
-    lines.append(f"prompt tokens {min(lens)}-{max(lens)} (total {sum(lens)}), new tokens "
-                 f"{min(news)}-{max(news)} (total {sum(news)})")
+    lines.append(tr(f"prompt tokens {min(lens)}-{max(lens)} (total {sum(lens)}), new tokens "
+                    f"{min(news)}-{max(news)} (total {sum(news)})"))
     more = " ..." if n > max_arrivals else ""
-    lines.append(f"arrival steps {arrival_steps[0]}-{arrival_steps[-1]}: "
-                 f"{list(arrival_steps[:max_arrivals])}{more}")
+    lines.append(tr(f"arrival steps {arrival_steps[0]}-{arrival_steps[-1]}: "
+                    f"{list(arrival_steps[:max_arrivals])}{more}"))
     return "\n".join(lines)
 
 
