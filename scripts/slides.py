@@ -853,7 +853,7 @@ KIT_WORDS = {
         "line": "The line, with shapes",
         "letters": ("B batch (sequences together), S sequence length, H hidden_size, "
                     "V vocab_size, E num_experts, K num_experts_per_tok, L layers."),
-        "seed": "The seed's numbers in their places",
+        "seed": "Three real-model numbers in their places",
         "formulas": "Formulas (each example computed by tokenflow.analysis)",
         "prompts": "Predict, then run",
         "notes": "Notes",
@@ -890,7 +890,7 @@ KIT_WORDS = {
         "line": "整条路径和形状",
         "letters": ("B 批大小（一起处理的序列数），S 序列长度，H hidden_size，V vocab_size，"
                     "E num_experts，K num_experts_per_tok，L 层数。"),
-        "seed": "源笔记中的数字各在其位",
+        "seed": "三个真实模型的数字各在其位",
         "formulas": "公式（每个例子都由 tokenflow.analysis 算出）",
         "prompts": "先预测，再运行",
         "notes": "笔记",
@@ -1092,11 +1092,11 @@ def exercise_prompts(notebook: Path, root: Path = ROOT, lang: str = "en") -> lis
 
 def cheat_sheet(lang: str = "en") -> str:
     """The one-page A4 cheat sheet of edition ``lang`` (HTML): the line with its shapes, the
-    seed's three numbers where they sit on it, and the four formulas, each with an example
+    three real-model numbers where they sit on it, and the four formulas, each with an example
     computed by tokenflow.analysis from the bundled configs (src/tokenflow/data/models.json).
 
     Raises:
-        ValueError: if no bundled config routes to 384 experts (the seed's 6 of 384).
+        ValueError: if no bundled config routes to 384 experts (the sheet's 6 of 384).
     """
     from tokenflow.analysis.costmodel import (kv_cache_bytes_per_token, moe_a2a_bytes,
                                               reference_config, reference_models)
@@ -1107,7 +1107,7 @@ def cheat_sheet(lang: str = "en") -> str:
     routed = [n for n in reference_models() if n not in ("GPT-3-175B",)
               and getattr(_config_or_none(n), "num_experts", None) == 384]
     if not routed:
-        raise ValueError("no bundled config has num_experts = 384 (the seed's 6 of 384)")
+        raise ValueError("no bundled config has num_experts = 384 (the sheet's 6 of 384)")
     moe = reference_config(routed[0])
     kv = kv_cache_bytes_per_token(llama, 2)
     fl = flops_per_token(llama, 4096)
