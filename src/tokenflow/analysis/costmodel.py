@@ -48,8 +48,8 @@ def reference_value_unverified(name: str, field: str) -> bool:
     the two ways it does: for the whole entry (its ``config_source`` says so, e.g.
     DeepSeek-V4-Pro, known only from third-party copies), or for the value itself (an
     annotated value such as GPT-3's ``vocab_size``, ``"50257 (GPT-2 BPE; unverified:
-    from secondary summaries)"``). A table that says where each value comes from must ask per value: the
-    entry's sources alone miss the second kind.
+    from secondary summaries)"``). A table that says where each value comes from must ask per
+    value: the entry's sources alone miss the second kind.
 
     Raises:
         ValueError: ``name`` is not bundled, or ``field`` is not in its config.
