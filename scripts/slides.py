@@ -852,7 +852,7 @@ KIT_WORDS = {
         "sheet": "tokenflow cheat sheet: one token through an LLM",
         "line": "The line, with shapes",
         "letters": ("B batch (sequences together), S sequence length, H hidden_size, "
-                    "V vocab_size, E num_experts, K num_experts_per_tok, L layers."),
+                    "V vocab_size, E num_experts, K num_experts_per_tok (top-k), L layers."),
         "seed": "Three real-model numbers in their places",
         "formulas": "Formulas (each example computed by tokenflow.analysis)",
         "prompts": "Predict, then run",
@@ -1117,20 +1117,22 @@ def cheat_sheet(lang: str = "en") -> str:
     a2a = moe_a2a_bytes(1, ds.num_experts_per_tok, ds.hidden_size, 2)
     c = llama
     line = ("token ids <b>[B,S]</b> → lookup → hidden state <b>[B,S,H]</b> → L blocks: "
-            "attention (reads, writes the KV cache) + FFN or MoE (K of E experts), "
-            "<b>[B,S,H]</b> → final hidden state <b>[B,H]</b> → LM head W [V,H] → "
-            "<b>[B,V]</b> logits → sample (T, top-k, top-p) → next id <b>[B]</b>; decode feeds "
-            "it back as [B,1].")
+            "attention (reads, writes the KV cache) + FFN or MoE (top-k of E experts), "
+            "<b>[B,S,H]</b> → final hidden state <b>[B,1,H]</b> → LM head W [V,H] → "
+            "<b>[B,1,V]</b> logits → sample (temperature, top-k, top-p) → next id <b>[B]</b>; "
+            "decode feeds it back as [B,1].")
     if zh:
         line = ("词元 id <b>[B,S]</b> → 查表 → 隐藏状态 <b>[B,S,H]</b> → L 个块：注意力（读、写 KV "
                 "缓存）+ FFN 或 MoE（E 个专家中的 K 个），<b>[B,S,H]</b> → 最终隐藏状态 "
-                "<b>[B,H]</b> → LM 头 W [V,H] → <b>[B,V]</b> logits → 采样（T、top-k、top-p）→ "
-                "下一个 id <b>[B]</b>；解码时以 [B,1] 送回。")
+                "<b>[B,1,H]</b> → LM 头 W [V,H] → <b>[B,1,V]</b> logits → "
+                "采样（温度、top-k、top-p）→ 下一个 id <b>[B]</b>；解码时以 [B,1] 送回。")
     seed = [
-        (f"H = {gpt3.hidden_size:,}", "GPT-3 的 hidden_size：隐藏状态 [B,S,12,288]" if zh else
-         f"GPT-3's hidden_size: the hidden state [B,S,{gpt3.hidden_size:,}]"),
-        (f"V = {ds.vocab_size:,}", f"DeepSeek-V3 的 vocab_size：logits [B,{ds.vocab_size:,}]"
-         if zh else f"DeepSeek-V3's vocab_size: the logits [B,{ds.vocab_size:,}]"),
+        (f"H = {gpt3.hidden_size:,}", f"GPT-3 的 hidden_size：隐藏状态 [B, S, H]，H = "
+         f"{gpt3.hidden_size:,}" if zh else
+         f"GPT-3's hidden_size: the hidden state [B, S, H], H = {gpt3.hidden_size:,}"),
+        (f"V = {ds.vocab_size:,}", f"DeepSeek-V3 的 vocab_size：logits [B, V]，V = "
+         f"{ds.vocab_size:,}" if zh else
+         f"DeepSeek-V3's vocab_size: the logits [B, V], V = {ds.vocab_size:,}"),
         (f"{moe.num_experts_per_tok} of {moe.num_experts}" if not zh else
          f"{moe.num_experts} 选 {moe.num_experts_per_tok}",
          f"{routed[0]} 的路由专家：每个词元 K = {moe.num_experts_per_tok}，E = {moe.num_experts}"
