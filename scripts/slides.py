@@ -1136,8 +1136,11 @@ def cheat_sheet(lang: str = "en") -> str:
         (f"{moe.num_experts_per_tok} of {moe.num_experts}" if not zh else
          f"{moe.num_experts} 选 {moe.num_experts_per_tok}",
          f"{routed[0]} 的路由专家：每个词元 K = {moe.num_experts_per_tok}，E = {moe.num_experts}"
+         f"（其配置仅来自未经核实的第三方副本；DeepSeek-V3 为 {ds.num_experts} 选 "
+         f"{ds.num_experts_per_tok}）"
          if zh else f"{routed[0]}'s routed experts: K = {moe.num_experts_per_tok} per token "
-         f"of E = {moe.num_experts}"),
+         f"of E = {moe.num_experts} (its config known only from unverified third-party copies; "
+         f"DeepSeek-V3 routes {ds.num_experts_per_tok} of {ds.num_experts})"),
     ]
     kvf = (f"2 × L × num_key_value_heads × head_dim × bytes = 2 × {c.num_hidden_layers} × "
            f"{c.num_key_value_heads} × {c.head_dim} × 2 = {kv:,} B")
