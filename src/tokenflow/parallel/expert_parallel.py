@@ -365,8 +365,8 @@ def demo_moe(source: str = "random", *, num_experts: int = 8, top_k: int = 2,
              hidden_size: int = 64, scoring_func: str = "softmax", seed: int = 0,
              layer_idx: int = 1) -> MoE:
     """The MoE the command line distributes: ``"pretrained"`` (layer ``layer_idx`` of the
-    shipped tiny model) or ``"random"`` (a fresh random MoE of the tiny preset's shape with the given
-    ``num_experts``, ``top_k``, ``hidden_size``, ``scoring_func``, weights from ``seed``; the
+    shipped tiny model) or ``"random"`` (a fresh random MoE of the tiny preset's shape with the
+    given ``num_experts``, ``top_k``, ``hidden_size``, ``scoring_func``, weights from ``seed``; the
     sigmoid family also gets a random selection bias and 2 expert groups).
 
     Raises:

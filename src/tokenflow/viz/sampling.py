@@ -88,8 +88,8 @@ def temperature_curves(logits, token_ids: list[int], names: list[str],
         ax.plot(temperatures, probs[:, j].tolist(), color=color, lw=2 if j == 0 else 1.2,
                 alpha=1.0 if j == 0 else max(0.35, 1 - 0.2 * j), label=name)
     ax.axvline(1.0, color="0.5", lw=0.8, ls="--")
-    ax.text(1.02, 0.97, "temperature 1 (the model's\nown probabilities)", fontsize=MIN_FONT_PT, va="top",
-            transform=ax.get_xaxis_transform())
+    ax.text(1.02, 0.97, "temperature 1 (the model's\nown probabilities)", fontsize=MIN_FONT_PT,
+            va="top", transform=ax.get_xaxis_transform())
     ax.set_xlabel("temperature T (logits / T before softmax)")
     if log:
         ax.set_yscale("log")
