@@ -852,8 +852,8 @@ KIT_WORDS = {
         "sheet": "tokenflow cheat sheet: one token through an LLM",
         "line": "The line, with shapes",
         "letters": ("B batch (sequences together), S sequence length, H hidden_size, "
-                    "V vocab_size, E num_experts, K num_experts_per_tok, L layers."),
-        "seed": "The seed's numbers in their places",
+                    "V vocab_size, E num_experts, K num_experts_per_tok (top-k), L layers."),
+        "seed": "Three real-model numbers in their places",
         "formulas": "Formulas (each example computed by tokenflow.analysis)",
         "prompts": "Predict, then run",
         "notes": "Notes",
@@ -890,7 +890,7 @@ KIT_WORDS = {
         "line": "整条路径和形状",
         "letters": ("B 批大小（一起处理的序列数），S 序列长度，H hidden_size，V vocab_size，"
                     "E num_experts，K num_experts_per_tok，L 层数。"),
-        "seed": "源笔记中的数字各在其位",
+        "seed": "三个真实模型的数字各在其位",
         "formulas": "公式（每个例子都由 tokenflow.analysis 算出）",
         "prompts": "先预测，再运行",
         "notes": "笔记",
@@ -1094,11 +1094,11 @@ def exercise_prompts(notebook: Path, root: Path = ROOT, lang: str = "en") -> lis
 
 def cheat_sheet(lang: str = "en") -> str:
     """The one-page A4 cheat sheet of edition ``lang`` (HTML): the line with its shapes, the
-    seed's three numbers where they sit on it, and the four formulas, each with an example
+    three real-model numbers where they sit on it, and the four formulas, each with an example
     computed by tokenflow.analysis from the bundled configs (src/tokenflow/data/models.json).
 
     Raises:
-        ValueError: if no bundled config routes to 384 experts (the seed's 6 of 384).
+        ValueError: if no bundled config routes to 384 experts (the sheet's 6 of 384).
     """
     from tokenflow.analysis.costmodel import (kv_cache_bytes_per_token, moe_a2a_bytes,
                                               reference_config, reference_models)
@@ -1109,7 +1109,7 @@ def cheat_sheet(lang: str = "en") -> str:
     routed = [n for n in reference_models() if n not in ("GPT-3-175B",)
               and getattr(_config_or_none(n), "num_experts", None) == 384]
     if not routed:
-        raise ValueError("no bundled config has num_experts = 384 (the seed's 6 of 384)")
+        raise ValueError("no bundled config has num_experts = 384 (the sheet's 6 of 384)")
     moe = reference_config(routed[0])
     kv = kv_cache_bytes_per_token(llama, 2)
     fl = flops_per_token(llama, 4096)
@@ -1119,25 +1119,30 @@ def cheat_sheet(lang: str = "en") -> str:
     a2a = moe_a2a_bytes(1, ds.num_experts_per_tok, ds.hidden_size, 2)
     c = llama
     line = ("token ids <b>[B,S]</b> → lookup → hidden state <b>[B,S,H]</b> → L blocks: "
-            "attention (reads, writes the KV cache) + FFN or MoE (K of E experts), "
-            "<b>[B,S,H]</b> → final hidden state <b>[B,H]</b> → LM head W [V,H] → "
-            "<b>[B,V]</b> logits → sample (T, top-k, top-p) → next id <b>[B]</b>; decode feeds "
-            "it back as [B,1].")
+            "attention (reads, writes the KV cache) + FFN or MoE (top-k of E experts), "
+            "<b>[B,S,H]</b> → final hidden state <b>[B,1,H]</b> → LM head W [V,H] → "
+            "<b>[B,1,V]</b> logits → sample (temperature, top-k, top-p) → next id <b>[B]</b>; "
+            "decode feeds it back as [B,1].")
     if zh:
         line = ("词元 id <b>[B,S]</b> → 查表 → 隐藏状态 <b>[B,S,H]</b> → L 个块：注意力（读、写 KV "
                 "缓存）+ FFN 或 MoE（E 个专家中的 K 个），<b>[B,S,H]</b> → 最终隐藏状态 "
-                "<b>[B,H]</b> → LM 头 W [V,H] → <b>[B,V]</b> logits → 采样（T、top-k、top-p）→ "
-                "下一个 id <b>[B]</b>；解码时以 [B,1] 送回。")
+                "<b>[B,1,H]</b> → LM 头 W [V,H] → <b>[B,1,V]</b> logits → "
+                "采样（温度、top-k、top-p）→ 下一个 id <b>[B]</b>；解码时以 [B,1] 送回。")
     seed = [
-        (f"H = {gpt3.hidden_size:,}", "GPT-3 的 hidden_size：隐藏状态 [B,S,12,288]" if zh else
-         f"GPT-3's hidden_size: the hidden state [B,S,{gpt3.hidden_size:,}]"),
-        (f"V = {ds.vocab_size:,}", f"DeepSeek-V3 的 vocab_size：logits [B,{ds.vocab_size:,}]"
-         if zh else f"DeepSeek-V3's vocab_size: the logits [B,{ds.vocab_size:,}]"),
+        (f"H = {gpt3.hidden_size:,}", f"GPT-3 的 hidden_size：隐藏状态 [B, S, H]，H = "
+         f"{gpt3.hidden_size:,}" if zh else
+         f"GPT-3's hidden_size: the hidden state [B, S, H], H = {gpt3.hidden_size:,}"),
+        (f"V = {ds.vocab_size:,}", f"DeepSeek-V3 的 vocab_size：logits [B, V]，V = "
+         f"{ds.vocab_size:,}" if zh else
+         f"DeepSeek-V3's vocab_size: the logits [B, V], V = {ds.vocab_size:,}"),
         (f"{moe.num_experts_per_tok} of {moe.num_experts}" if not zh else
          f"{moe.num_experts} 选 {moe.num_experts_per_tok}",
          f"{routed[0]} 的路由专家：每个词元 K = {moe.num_experts_per_tok}，E = {moe.num_experts}"
+         f"（其配置仅来自未经核实的第三方副本；DeepSeek-V3 为 {ds.num_experts} 选 "
+         f"{ds.num_experts_per_tok}）"
          if zh else f"{routed[0]}'s routed experts: K = {moe.num_experts_per_tok} per token "
-         f"of E = {moe.num_experts}"),
+         f"of E = {moe.num_experts} (its config known only from unverified third-party copies; "
+         f"DeepSeek-V3 routes {ds.num_experts_per_tok} of {ds.num_experts})"),
     ]
     kvf = (f"2 × L × num_key_value_heads × head_dim × bytes = 2 × {c.num_hidden_layers} × "
            f"{c.num_key_value_heads} × {c.head_dim} × 2 = {kv:,} B")

@@ -621,7 +621,7 @@ def model_page_in_book(tab, base: str, path: str) -> dict:
     (DeepSeek-V3 on an H800, FP8, 64 x 4,096, EP32) as the Python prints them, no console
     error; returns the shown numbers by key."""
     from tokenflow.analysis.costmodel import reference_config
-    from tokenflow.viz.model_page import fmt_si, page_numbers
+    from tokenflow.viz.model_page import fmt_bytes, fmt_si, page_numbers
     page, log = tab.open(base, path)
     assert page.locator(".tf-model-page[data-mounted]").count() == 1, f"{path}: no model page"
     shown = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll(
@@ -629,7 +629,8 @@ def model_page_in_book(tab, base: str, path: str) -> dict:
     r = page_numbers(reference_config("DeepSeek-V3"), "H800", "fp8", 64, 4096, 1, 32)
     for k, unit in (("weights", "B"), ("kv_cache", "B"), ("params_total", ""),
                     ("decode_tokens_per_s", "tok/s"), ("prefill_tokens_per_s", "tok/s")):
-        assert shown[k] == fmt_si(r[k], unit), f"{path}: {k} {shown[k]!r}"
+        want = fmt_bytes(r[k]) if unit == "B" else fmt_si(r[k], unit)
+        assert shown[k] == want, f"{path}: {k} {shown[k]!r}"
     assert shown["vocab_logits"] == "129,280" and not log["errors"] and not log["blocked"], log
     return shown
 

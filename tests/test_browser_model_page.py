@@ -11,7 +11,7 @@ import pytest
 
 from tokenflow.analysis.costmodel import reference_config
 from tokenflow.model.config import ModelConfig
-from tokenflow.viz.model_page import fmt_si, fmt_time, model_page, page_numbers
+from tokenflow.viz.model_page import fmt_bytes, fmt_si, fmt_time, model_page, page_numbers
 
 UNITS = {"kv_bytes_per_token": "B", "weights_tp": "B", "weights_ep": "B",
          "weights_replicated": "B", "weights": "B", "kv_cache": "B", "memory_used": "B",
@@ -45,7 +45,7 @@ def shown(pg) -> dict:
 def expect(config, hw, precision, batch, context, tp, ep) -> dict:
     """What the page must print, from the Python definitions."""
     r = page_numbers(config, hw, precision, batch, context, tp, ep)
-    out = {k: fmt_si(r[k], u) for k, u in UNITS.items()}
+    out = {k: fmt_bytes(r[k]) if u == "B" else fmt_si(r[k], u) for k, u in UNITS.items()}
     for ph in ("prefill", "decode"):
         for k in ("compute_s", "memory_s", "scale_up_s", "scale_out_s", "step_s"):
             out[f"{ph}_{k}"] = fmt_time(r[f"{ph}_{k}"])

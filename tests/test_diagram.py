@@ -145,3 +145,27 @@ def test_parser_rejects_what_it_does_not_understand():
         node_of(TraceEvent("teleport", "", (), ()))
     with pytest.raises(ValueError, match="S >= 2"):
         trace_decode_step(None, torch.tensor([[1]]))
+
+
+def test_arrow_actions_are_what_the_trace_records_on_an_arrow(diagram):
+    """ARROW_ACTIONS is the trace's word for them: every one labels exactly one arrow and a
+    traced decode step records each; the trace's other actions label no arrow; chapters 0 and
+    6 name exactly these (six), and chapter 6's table lists them."""
+    import re
+    from tokenflow.explain.trace import ARROW_ACTIONS
+    torch.manual_seed(0)
+    model = TokenFlowModel(preset("tiny")).eval()
+    trace, _ = trace_decode_step(model, torch.randint(0, model.config.vocab_size, (1, 5)))
+    recorded = {e.action for e in trace.events}
+    labels = [e.label for e in diagram.edges]
+    assert set(ARROW_ACTIONS) <= recorded
+    assert all(labels.count(a) == 1 for a in ARROW_ACTIONS)
+    assert not [a for a in recorded - set(ARROW_ACTIONS) if a in labels]
+    assert len(ARROW_ACTIONS) == 6
+    ch0 = json.loads((ROOT / "notebooks" / "00_token_flow.ipynb").read_text(encoding="utf-8"))
+    prose = " ".join("".join(c["source"]) for c in ch0["cells"] if c["cell_type"] == "markdown")
+    listed = re.search(r"Six words on the arrows of the diagram below \(([^;]*);", prose)
+    assert listed and [w.strip() for w in re.sub(r"\s+", " ", listed[1]).split(",")] == \
+        list(ARROW_ACTIONS)
+    ch6 = (ROOT / "notebooks" / "06_big_picture.ipynb").read_text(encoding="utf-8")
+    assert "all 6 arrow actions" in ch6 or "all six arrow actions" in ch6

@@ -62,11 +62,12 @@ def _unsure_table(cells):
 
 def test_ch4_exercise_1_ratio_squares_when_temperature_halves():
     cells = _cells(CH4)
-    text = _output_of(cells, "for T in (1.0, 0.5, 0.1):")
-    ratio = {float(t): float(r) for t, r in re.findall(r"T=([\d.]+): p\(\S+\)/p\(\S+\) = ([\d.]+)",
-                                                        text)}
+    text = _output_of(cells, "for temperature in (1.0, 0.5, 0.1):")
+    ratio = {float(t): float(r) for t, r in
+             re.findall(r"temperature ([\d.]+): p\(\S+\)/p\(\S+\) = ([\d.]+)", text)}
     assert set(ratio) == {1.0, 0.5, 0.1}, text
-    assert "halving $T$\nsquares the ratio" in _markdown(cells, "The ratio is $e^{\\Delta z / T}$")
+    assert "halving $\\tau$\nsquares the ratio" in _markdown(cells,
+                                                          "The ratio is $e^{\\Delta z / \\tau}$")
     assert ratio[0.5] == pytest.approx(ratio[1.0] ** 2, abs=2e-3)
     assert ratio[0.1] == pytest.approx(ratio[1.0] ** 10, rel=1e-2)
     assert 1.0 < ratio[1.0] < 1.1, "the prompt says the two logits are almost the same"

@@ -59,7 +59,7 @@ def test_pretrained_layer_world_size_2_equals_single_process(pretrained):
     ("softmax", 16, 4, [1, 2, 3, 4]),
 ])
 def test_world_size_4_equals_single_process(scoring, E, K, splits):
-    moe = demo_moe("seed", num_experts=E, top_k=K, scoring_func=scoring, seed=E + K)
+    moe = demo_moe("random", num_experts=E, top_k=K, scoring_func=scoring, seed=E + K)
     T = 15 if splits is not None and sum(splits) == 15 else (10 if splits else 24)
     x = torch.randn(T, 64, generator=torch.Generator().manual_seed(K))
     with torch.no_grad():
@@ -74,7 +74,7 @@ def test_world_size_4_equals_single_process(scoring, E, K, splits):
 
 
 def test_world_size_1_sends_nothing():
-    moe = demo_moe("seed")
+    moe = demo_moe("random")
     x = torch.randn(9, 64)
     with torch.no_grad():
         single = moe(x[None])[0]
@@ -85,7 +85,7 @@ def test_world_size_1_sends_nothing():
 
 
 def test_argument_errors():
-    moe = demo_moe("seed")
+    moe = demo_moe("random")
     x = torch.randn(4, 64)
     with pytest.raises(ValueError, match="world_size"):
         run_expert_parallel(moe, x, 3)
@@ -135,7 +135,7 @@ def test_timeout_kills_the_workers_and_raises(monkeypatch):
     monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: folders.append(mkdtemp(**kw))
                         or folders[-1])
     before = {c.pid for c in psutil.Process().children()}
-    moe = demo_moe("seed")
+    moe = demo_moe("random")
     with pytest.raises(TimeoutError, match="timeout_s"):
         run_expert_parallel(moe, torch.randn(4, 64), 2, timeout_s=0.05, start_method="spawn")
     assert len(folders) == 1 and not os.path.exists(folders[0])
@@ -149,7 +149,7 @@ def test_timeout_kills_the_workers_and_raises(monkeypatch):
 def test_spawn_start_method_works():
     """The plain ``spawn`` path (a fresh interpreter per rank; what platforms without forkserver
     use). One rank only, to keep the test quick: the all-to-all code is the same as above."""
-    moe = demo_moe("seed", scoring_func="sigmoid")
+    moe = demo_moe("random", scoring_func="sigmoid")
     x = torch.randn(6, 64, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         single = moe(x[None])[0]

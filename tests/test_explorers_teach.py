@@ -5,6 +5,8 @@ import itertools
 import re
 from types import SimpleNamespace
 
+import math
+
 import pytest
 
 pytest.importorskip("matplotlib")
@@ -196,6 +198,10 @@ def test_kv_scale_explorer_counts_llama_by_hand_and_moves_with_each_control():
     # 32 layers x 2 (K, V) x 8 heads x 128 x 2 B = 128 KiB per token
     assert t.rows[1][1] == pytest.approx(32 * 8192 * 128 / 2**20)
     assert t.rows[2][1] == pytest.approx(t.rows[0][1] + t.rows[1][1])
+    # the title's count follows from the rows: (usable - weights) / one sequence, rounded down
+    weights, one, usable = t.rows[0][1], t.rows[3][1], t.rows[4][1]
+    assert usable == pytest.approx(0.9 * 80e9 / 2**30) and one == pytest.approx(8192 / 2**3 / 2**10)
+    assert f"at most {math.floor((usable - weights) / one)} sequences" in t.title
     with pytest.raises(ValueError, match="num_key_value_heads"):
         kv_cache_scale_table(llama, 8192, 1, 3)
     ex = kv_cache_scale_static(llama, context=(1024, 8192), batch=(1, 32), kv_heads=(1, 8, 32),

@@ -15,7 +15,7 @@ import pytest
 
 from tokenflow.model.config import ModelConfig
 from tokenflow.model.hf_config import parse_hf_config
-from tokenflow.viz.model_page import (PRECISIONS, bundled_hf_configs, fmt_si, fmt_time,
+from tokenflow.viz.model_page import (PRECISIONS, bundled_hf_configs, fmt_bytes, fmt_si, fmt_time,
                                       model_page, page_numbers, page_tables)
 
 # node comes with npm, which `make test` needs anyway (its widget-js step; under CI the
@@ -280,3 +280,29 @@ def test_units_switch_where_rounding_reaches_1000_in_js_and_python():
     assert sis == [want for _, want in _SI_EDGES]
     assert [fmt_time(v) for v, _ in _TIME_EDGES] == [want for _, want in _TIME_EDGES]
     assert [fmt_si(v, "B") for v, _ in _SI_EDGES] == [want for _, want in _SI_EDGES]
+
+
+# Bytes print in binary units, as everywhere else in the book: 70,272 B (Llama-3-8B's KV bytes
+# per token) is 68.625 KiB, 229,376 B (224 KiB exactly) is what chapter 3's figure shows.
+_BYTE_EDGES = [(0.0, "0 B"), (999.0, "999 B"), (70_272.0, "68.6 KiB"), (229_376.0, "224 KiB"),
+               (1023.4, "1023 B"), (1023.6, "1.00 KiB"), (80e9, "74.5 GiB"),
+               (2.0**30, "1.00 GiB")]
+
+
+def test_fmt_bytes_uses_binary_units_in_python_and_js():
+    assert [fmt_bytes(v) for v, _ in _BYTE_EDGES] == [want for _, want in _BYTE_EDGES]
+    if not NODE:
+        pytest.skip("node is needed for the page's half")
+    js = (f"const TF = require(process.env.TF_CALC);"
+          f"process.stdout.write(JSON.stringify({[v for v, _ in _BYTE_EDGES]}.map(TF.fmtBytes)));")
+    res = subprocess.run([NODE, "-e", js], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "TF_CALC": str(CALC)})
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == [want for _, want in _BYTE_EDGES]
+
+
+def test_the_page_prints_no_decimal_byte_units():
+    """Every byte amount on the page goes through fmtBytes: no fmtSI(..., "B") is left."""
+    import re
+    for path in (CALC, CALC.parent / "model_page.js"):
+        assert not re.search(r'fmtSI\([^)]*"B"\)', path.read_text(encoding="utf-8")), path

@@ -439,3 +439,12 @@ def test_roofline_takes_a_deployment_not_the_old_arguments():
     assert Deployment(h800).a2a_path_for("decode") == "direct"
     assert Deployment(h800).a2a_path_for("prefill") == "hierarchical"
     assert Deployment(h800, a2a_path="direct").a2a_path_for("prefill") == "direct"
+
+
+def test_h800_ridge_point_is_the_h100s():
+    """Chapter 9's exercise 1 points to chapter 5's H100 ridge point for an H800: the presets
+    give the H800 the H100's compute and HBM bandwidth, so the two are the same."""
+    from tokenflow.analysis.roofline import hardware, ridge_point
+    h100, h800 = hardware("H100"), hardware("H800")
+    assert h800.peak_flops == h100.peak_flops and h800.memory_bandwidth == h100.memory_bandwidth
+    assert ridge_point(h800) == ridge_point(h100)

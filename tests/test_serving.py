@@ -537,3 +537,15 @@ def test_can_allocate_counts_held_prefix_hits_as_shared():
     assert bm.can_allocate(b)
     bm.allocate(b)
     assert b.block_table[:2] == a.block_table[:2] and bm.num_free_blocks == 0
+
+
+def test_corpus_next_chars_finds_what_the_corpus_says_next():
+    """Every corpus line cut before its last character is continued by that character; a text
+    the corpus never starts gives nothing; only a str is accepted."""
+    from tokenflow.serving import corpus_lines, corpus_next_chars
+    for line in corpus_lines():
+        assert line[-1] in corpus_next_chars("context. " + line[:-1]), line
+    assert corpus_next_chars("福州是福建的省") == {"会"}          # corpus: 福州是福建的省会。
+    assert corpus_next_chars("qqqq") == set()
+    with pytest.raises(TypeError, match="text"):
+        corpus_next_chars(3)

@@ -406,6 +406,9 @@ def test_kit_without_a_browser():
         sheet = slides.cheat_sheet(edition)
         for n in (f"{kv:,} B", f"{a2a:,} B", "12,288", "129,280"):
             assert n in sheet, (edition, n)
+        # a shape is written with letters: [B, S, 12,288] would read as four dimensions
+        shapes = re.findall(r"\[[^\]<>]*\]", re.sub(r"<[^>]+>", "", sheet))
+        assert shapes and not [s for s in shapes if re.search(r"\d,\d{3}", s)], (edition, shapes)
     decks = [slides.chapter_deck(nb, ROOT, "en") for nb in slides.chapters(ROOT)]
     assert all(s.notes for d in decks for s in d.slides)
     prompts = slides.exercise_prompts(ROOT / "notebooks" / "00_token_flow.ipynb")

@@ -248,6 +248,21 @@ def test_timetables_add_up():
         assert order == want, (name, order)
 
 
+def test_timetable_sessions_use_the_chapters_own_titles():
+    """A chapter session is named by its notebook's H1 (the title in the book's table of
+    contents), optionally followed by what the room does next (", then ..."); and the preface
+    counts the timetables the workshop page has."""
+    for name, (rows, _) in _timetables().items():
+        for r in (r for r in rows if r["notebook"]):
+            nb = json.loads((ROOT / "notebooks" / f"{r['notebook']}.ipynb")
+                            .read_text(encoding="utf-8"))
+            h1 = "".join(nb["cells"][0]["source"]).splitlines()[0].removeprefix("# ")
+            assert r["session"] == h1 or r["session"].startswith(h1 + ", then "), \
+                (name, r["session"], h1)
+    preface = (ROOT / "book" / "preface.md").read_text(encoding="utf-8")
+    assert f"{['no', 'one', 'two', 'three', 'four'][len(_timetables())]} timetables" in preface
+
+
 # --- explorers: one set of controls in each place -----------------------------------------------
 def test_explorer_with_a_live_twin_carries_a_note_widget_in_a_kernel():
     """Run in a kernel (nbclient), a precomputed explorer with ``live_below`` stores its HTML and

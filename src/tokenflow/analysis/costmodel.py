@@ -44,12 +44,12 @@ def reference_models() -> dict:
 
 
 def reference_value_unverified(name: str, field: str) -> bool:
-    """Whether ``models.json`` flags one value of a bundled config as UNVERIFIED, in either of
+    """Whether ``models.json`` flags one value of a bundled config as unverified, in either of
     the two ways it does: for the whole entry (its ``config_source`` says so, e.g.
     DeepSeek-V4-Pro, known only from third-party copies), or for the value itself (an
-    annotated value such as GPT-3's ``vocab_size``, ``"50257 (GPT-2 BPE; UNVERIFIED
-    in-session)"``). A table that says where each value comes from must ask per value: the
-    entry's sources alone miss the second kind.
+    annotated value such as GPT-3's ``vocab_size``, ``"50257 (GPT-2 BPE; unverified:
+    from secondary summaries)"``). A table that says where each value comes from must ask per
+    value: the entry's sources alone miss the second kind.
 
     Raises:
         ValueError: ``name`` is not bundled, or ``field`` is not in its config.
@@ -69,7 +69,7 @@ def reference_config(name: str) -> ModelConfig:
     ``"Llama-3-8B"``, ``"DeepSeek-V4-Pro"``, ``"DeepSeek-V4-Flash"``, ``"GPT-3-175B"``).
 
     Values the reference gives as annotated text (e.g. ``"2.5 (one secondary copy only -
-    UNVERIFIED)"``) are read as their leading number or boolean. Read with
+    unverified)"``) are read as their leading number or boolean. Read with
     ``from_hf_config(..., allow_unsupported=True)``: DeepSeek-V4's fields we cannot express
     (``o_groups``, ``compress_rates``, ``scoring_func 'sqrtsoftplus'``, ...) land in
     ``unsupported_fields``, so its shapes and routing sizes are usable but every count

@@ -214,14 +214,14 @@ def _link_elements(config: ModelConfig, ep_size, G: int, M, path: str) -> dict:
             "scale_up": K * (G_used - 1) / G_used * H}
 
 
-A2A_TABLE_COLUMNS = ["routing", "link", "dispatch kB", "combine kB", "total kB"]
+A2A_TABLE_COLUMNS = ["routing", "link", "dispatch KiB", "combine KiB", "total KiB"]
 """Column names of :func:`moe_a2a_table`."""
 
 
 def moe_a2a_table(config: ModelConfig, ep_size: int, *, gpus_per_node: int = 8,
                   max_nodes_per_token: int | None = None, dispatch_bytes_per_element: float = 1,
                   combine_bytes_per_element: float = 2) -> list:
-    """The book's one table of all-to-all bytes per token and MoE layer (kB = 1,000 bytes),
+    """The book's one table of all-to-all bytes per token and MoE layer (KiB = 1,024 bytes),
     every row from :func:`moe_comm_bytes_per_token`, so the numbers of chapters 03, 07 and 08
     reconcile. Rows, top to bottom:
 
@@ -237,7 +237,7 @@ def moe_a2a_table(config: ModelConfig, ep_size: int, *, gpus_per_node: int = 8,
        InfiniBand.
 
     Returns:
-        list of rows ``[routing, link, dispatch kB, combine kB, total kB]``
+        list of rows ``[routing, link, dispatch KiB, combine KiB, total KiB]``
         (:data:`A2A_TABLE_COLUMNS`).
 
     Raises:
@@ -249,7 +249,7 @@ def moe_a2a_table(config: ModelConfig, ep_size: int, *, gpus_per_node: int = 8,
 
     def add(routing, link, m, prefix=""):
         d, c = (m[f"{prefix}dispatch"], m[f"{prefix}combine"])
-        rows.append([routing, link, d / 1e3, c / 1e3, (d + c) / 1e3])
+        rows.append([routing, link, d / 2**10, c / 2**10, (d + c) / 2**10])
 
     add("flat, all remote, bf16", "any", moe_comm_bytes_per_token(config))
     name = {1: "fp8", 2: "bf16", 4: "fp32"}

@@ -63,21 +63,23 @@ HARDWARE = {
         "H100 SXM", _HOPPER_FLOPS, 80e9, 3.35e12, 450e9, 50e9, 8,
         _HOPPER_SRC + "HBM3 80 GB at 3.35 TB/s; NVLink 4 900 GB/s is both directions "
         "(450 GB/s each way); scale-out: DGX H100 datasheet, one ConnectX-7 400 Gb/s "
-        "(50 GB/s) per GPU. Not re-read in this session: from the datasheets as remembered, "
-        "cross-checked with a secondary page (glennklockwood.com/garden/processors/h100)."),
+        "(50 GB/s) per GPU. The figures as NVIDIA's datasheets state them, taken here from a "
+        "secondary summary (glennklockwood.com/garden/processors/h100), not re-checked "
+        "against the datasheet PDFs."),
     "H200": HardwareSpec(
         "H200 SXM", _HOPPER_FLOPS, 141e9, 4.8e12, 450e9, 50e9, 8,
         _HOPPER_SRC + "(same GH100 compute per the NVIDIA H200 datasheet); HBM3e 141 GB at "
         "4.8 TB/s; NVLink 900 GB/s both directions; scale-out as H100 (400 Gb/s per GPU). "
-        "From the datasheet as remembered, cross-checked with secondary pages; UNVERIFIED "
-        "against the primary in this session."),
+        "Taken from secondary pages that quote the datasheet; not checked against the "
+        "datasheet itself."),
     "H800": HardwareSpec(
         "H800 SXM", _HOPPER_FLOPS, 80e9, 3.35e12, 160e9, 50e9, 8,
-        "Compute and HBM as H100 SXM (export variant with reduced NVLink; UNVERIFIED "
-        "against an NVIDIA datasheet in this session). Links: DeepSeek-V3 report "
+        "Compute and HBM assumed equal to the H100 SXM's (the H800 is its export variant "
+        "with reduced NVLink; this book cites no NVIDIA datasheet for the H800). Links: "
+        "DeepSeek-V3 report "
         "arXiv:2412.19437 section 3.2.2, on DeepSeek's H800 cluster: 'NVLink offers a "
-        "bandwidth of 160 GB/s, roughly 3.2 times that of IB (50 GB/s)' (text checked "
-        "against the report's arXiv v2 HTML)."),
+        "bandwidth of 160 GB/s, roughly 3.2 times that of IB (50 GB/s)' (quoted from the "
+        "report's arXiv v2)."),
 }
 """Hardware presets (:func:`hardware`); each ``source`` says where its numbers come from."""
 

@@ -19,6 +19,7 @@
       shared: "shared", moeLayers: "MoE layers", denseLayers: "dense layers", dense: "dense FFN",
       heads: "query heads", kvHeads: "KV heads", window: "sliding window",
       slidingOf: "sliding layers of", params: "parameters", active: "active per token",
+      latent: "latent rank kv_lora_rank",
       bound: "binding", perGpu: "per GPU", fits: "fits", noFit: "does not fit",
       formulas: "The formulas, computed live for this setting",
       quantity: "quantity", formula: "formula", value: "value", source: "source (Python, " +
@@ -74,6 +75,7 @@
       shared: "个共享专家", moeLayers: "个 MoE 层", denseLayers: "个稠密层", dense: "稠密 FFN",
       heads: "个查询头", kvHeads: "个 KV 头", window: "滑动窗口",
       slidingOf: "个滑动窗口层，共", params: "参数", active: "每个词元激活",
+      latent: "潜向量秩 kv_lora_rank",
       bound: "瓶颈", perGpu: "每块 GPU", fits: "放得下", noFit: "放不下",
       formulas: "公式：按当前设置实时计算",
       quantity: "量", formula: "公式", value: "值", source: "来源（Python，即定义）",
@@ -218,11 +220,11 @@
       figure.innerHTML = "";
       var H = "H = " + TF.fmtInt(c.hidden_size);
       var moeL = TF.numMoeLayers(c), slid = TF.numSlidingLayers(c);
-      var kvTok = r ? [num("kv_bytes_per_token", TF.fmtSI(r.kv_bytes_per_token, "B")),
+      var kvTok = r ? [num("kv_bytes_per_token", TF.fmtBytes(r.kv_bytes_per_token)),
                        t(" " + L.perTok)] : [];
       var attLines = [[t(attentionKind(c, L) + ", " + c.num_attention_heads + " " + L.heads +
                          (c.kv_lora_rank === null ? ", " + c.num_key_value_heads + " " +
-                          L.kvHeads : ", r = " + c.kv_lora_rank))], kvTok];
+                          L.kvHeads : ", " + L.latent + " " + c.kv_lora_rank))], kvTok];
       if (slid) attLines.push([t(L.window + " " + TF.fmtInt(c.sliding_window) + ": " + slid +
                                  " " + L.slidingOf + " " + c.num_hidden_layers)]);
       var ffnLines = c.num_experts ? [
@@ -249,7 +251,7 @@
                      [t(L.bound + ": " + L[r.prefill_binding])]] : [];
       var dec = r ? [[num("decode_tokens_per_s_fig", TF.fmtSI(r.decode_tokens_per_s, "tok/s"))],
                      [t(L.bound + ": " + L[r.decode_binding])]] : [];
-      var kv = r ? [[num("kv_cache_fig", TF.fmtSI(r.kv_cache, "B")), t(" " + L.perGpu)],
+      var kv = r ? [[num("kv_cache_fig", TF.fmtBytes(r.kv_cache)), t(" " + L.perGpu)],
                     [t(s.batch + " \u00d7 " + TF.fmtInt(s.context) + " " + L.ctxShort)]] : [];
       var params = r ? el("div", {cls: "tf-mp-params"}, [
         num("params_total", TF.fmtSI(r.params_total, "")), t(" " + L.params + ", "),
@@ -285,24 +287,24 @@
         [L.active, L.fActive + " (" + c.num_experts_per_tok + " / " +
          c.num_experts + ")", num("params_active_t", TF.fmtSI(r.params_active, "")),
          cm + "active_param_count"],
-        [L.kvTok, kvForm, num("kv_bytes_per_token_t", TF.fmtSI(r.kv_bytes_per_token, "B")),
+        [L.kvTok, kvForm, num("kv_bytes_per_token_t", TF.fmtBytes(r.kv_bytes_per_token)),
          cm + "kv_cache_bytes_per_token"],
         [L.weightsTp, L.fWeightsTp + " \u00b7 " + b + " B",
-         num("weights_tp", TF.fmtSI(r.weights_tp, "B")),
+         num("weights_tp", TF.fmtBytes(r.weights_tp)),
          cm + "weight_bytes_per_device"],
         [L.weightsEp, L.fWeightsEp + " \u00b7 " + b + " B",
-         num("weights_ep", TF.fmtSI(r.weights_ep, "B")), cm + "weight_bytes_per_device"],
+         num("weights_ep", TF.fmtBytes(r.weights_ep)), cm + "weight_bytes_per_device"],
         [L.weightsRep, L.fWeightsRep + " \u00b7 " + b + " B",
-         num("weights_replicated", TF.fmtSI(r.weights_replicated, "B")),
+         num("weights_replicated", TF.fmtBytes(r.weights_replicated)),
          cm + "weight_bytes_per_device"],
-        [L.weights, L.fWeights, num("weights", TF.fmtSI(r.weights, "B")),
+        [L.weights, L.fWeights, num("weights", TF.fmtBytes(r.weights)),
          cm + "weight_bytes_per_device"],
         [L.kv, L.fKv,
-         num("kv_cache", TF.fmtSI(r.kv_cache, "B")), cm + "kv_cache_bytes"],
-        [L.used, L.fUsed, num("memory_used", TF.fmtSI(r.memory_used, "B")),
+         num("kv_cache", TF.fmtBytes(r.kv_cache)), cm + "kv_cache_bytes"],
+        [L.used, L.fUsed, num("memory_used", TF.fmtBytes(r.memory_used)),
          (r.fits ? L.fits : L.noFit)],
-        [L.budget, "0.9 \u00b7 " + TF.fmtSI(hw.memory_bytes, "B"),
-         num("memory_budget", TF.fmtSI(r.memory_budget, "B")), hw.name],
+        [L.budget, "0.9 \u00b7 " + TF.fmtBytes(hw.memory_bytes),
+         num("memory_budget", TF.fmtBytes(r.memory_budget)), hw.name],
         [L.maxBatch, L.fMaxBatch,
          num("max_batch", TF.fmtInt(r.max_batch)), cm + "max_batch_size"]];
       var t1 = el("table", {cls: "tf-mp-table"}, [row([L.quantity, L.formula, L.value,

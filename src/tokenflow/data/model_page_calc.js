@@ -707,6 +707,17 @@
     }
     return sig3(x) + " " + unit;
   };
+  var BINARY = [[Math.pow(2, 50), "PiB"], [Math.pow(2, 40), "TiB"], [Math.pow(2, 30), "GiB"],
+                [Math.pow(2, 20), "MiB"], [1024, "KiB"]];
+  // bytes in binary units, as the rest of the book (fmt_bytes)
+  TF.fmtBytes = function (x) {
+    if (x === 0) return "0 B";
+    var ax = Math.abs(x);
+    for (var i = 0; i < BINARY.length; i++) {
+      if (ax >= BINARY[i][0] * 0.9995) return sig3(x / BINARY[i][0]) + " " + BINARY[i][1];
+    }
+    return sig3(x) + " B";
+  };
   function sig3(v) {
     var a = Math.abs(v), d = a >= 99.95 ? 0 : a >= 9.995 ? 1 : a >= 0.9995 ? 2 : 3;
     return v.toFixed(d);

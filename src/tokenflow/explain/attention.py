@@ -84,7 +84,7 @@ def attention_steps(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: to
     v = torch.cat([v_past, v_new], dim=2)
     rep = nh // nkv
     scores = q @ k.repeat_interleave(rep, dim=1).transpose(-1, -2) / math.sqrt(D)  # [B,nh,S,L]
-    weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)  # [B, nh, S, L]
+    weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)  # [B, nh, S, S_k]
     heads = weights @ v.repeat_interleave(rep, dim=1)                   # [B, nh, S, D]
     out = attn.o_proj(heads.transpose(1, 2).reshape(B, S, nh * D))      # [B, S, H]
     return dict(x=x, q_proj=q_proj, q=q, k_new=k_new, v_new=v_new, k_past=k_past,

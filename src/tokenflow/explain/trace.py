@@ -36,10 +36,15 @@ from tokenflow.model.moe import MoE
 from tokenflow.validate import integer
 from .attention import attention_steps
 
-__all__ = ["Trace", "TraceEvent", "COLORS", "trace_shapes"]
+__all__ = ["Trace", "TraceEvent", "COLORS", "ARROW_ACTIONS", "trace_shapes"]
 
 COLORS = {"hidden": "#3b7dd8", "moe": "#e0b000", "token": "#2e9e44"}
 """The book's colour code: blue = hidden-state flow, yellow = MoE, green = generated token."""
+
+ARROW_ACTIONS = ("lookup", "read KV", "write KV", "route top-k", "project vocab", "sample")
+"""The actions a trace records that are written on an arrow of the token-flow diagram
+(data/token_flow.mmd), in the order of a forward pass: the book's *arrow actions*. The other
+recorded actions, ``FFN`` and ``dispatch/combine``, are work inside a box."""
 
 _ACTION_COLOR = {"lookup": "hidden", "write KV": "hidden", "read KV": "hidden",
                  "FFN": "hidden", "route top-k": "moe", "dispatch/combine": "moe",
@@ -144,7 +149,7 @@ def _hooks(trace: Trace, module) -> list:
                 (layer, lambda m, args, kw, h: _keep_hidden(trace, h))]
     out.append((module.lm_head, lambda m, args, kw, logits: trace.record(
         "project vocab", "LM head", args[0], logits,
-        note=f"[H] -> [V]: one score per vocabulary entry ({c.vocab_size:,})")))
+        note=f"[B, 1, H] -> [B, 1, V]: one score per vocabulary entry ({c.vocab_size:,})")))
     return out
 
 

@@ -26,31 +26,32 @@ def cache_entries(config: ModelConfig) -> tuple[tuple[str, int, int], ...]:
 
 
 def attention_mask_for(valid: torch.Tensor, start: int, S: int) -> torch.Tensor:
-    """Bool mask ``[B,1,S,L]`` (True: may attend) for queries at slots ``[start, start+S)``
-    over keys at ``[0, L)``, ``L = start + S``: causal, real keys only (``valid [B,L]``), and
-    each query sees itself (a padding query's row is never empty: no NaN). Without padding it
-    carries ``sdpa_hint`` (``"none"``: nothing masked, ``"causal"``), so SDPA may skip it."""
-    L = start + S
+    """Bool mask ``[B,1,S,S_k]`` (True: may attend) for queries at slots ``[start, start+S)``
+    over keys at ``[0, S_k)``, ``S_k = start + S``: causal, real keys only
+    (``valid [B,S_k]``), and each query sees itself (a padding query's row is never empty: no
+    NaN). Without padding it carries ``sdpa_hint`` (``"none"``: nothing masked, ``"causal"``),
+    so SDPA may skip it."""
+    S_k = start + S
     if S == 1:                               # decode: every filled slot is "not after" the query
-        v = valid[:, :L]                                               # [B, L]
+        v = valid[:, :S_k]                                               # [B, S_k]
         if bool(v.all()):                                              # no padding: all True
-            mask = torch.ones(valid.shape[0], 1, 1, L, dtype=torch.bool, device=valid.device)
+            mask = torch.ones(valid.shape[0], 1, 1, S_k, dtype=torch.bool, device=valid.device)
             mask.sdpa_hint = "none"
             return mask
         mask = v.clone()
         mask[:, start] = True                                          # sees itself
-        return mask[:, None, None, :]                                  # [B, 1, 1, L]
-    if start == 0 and bool(valid[:, :L].all()):                       # no padding: plain causal
-        mask = torch.ones(valid.shape[0], 1, S, L, dtype=torch.bool, device=valid.device)
-        mask = mask.tril_()                                            # [B, 1, S, L]
+        return mask[:, None, None, :]                                  # [B, 1, 1, S_k]
+    if start == 0 and bool(valid[:, :S_k].all()):                       # no padding: plain causal
+        mask = torch.ones(valid.shape[0], 1, S, S_k, dtype=torch.bool, device=valid.device)
+        mask = mask.tril_()                                            # [B, 1, S, S_k]
         mask.sdpa_hint = "causal"
         return mask
-    q_slot = torch.arange(start, L, device=valid.device)[:, None]     # [S, 1]
-    k_slot = torch.arange(L, device=valid.device)[None, :]            # [1, L]
-    causal = k_slot <= q_slot                                          # [S, L]
-    mask = causal[None] & valid[:, None, :L]                           # [B, S, L]
+    q_slot = torch.arange(start, S_k, device=valid.device)[:, None]     # [S, 1]
+    k_slot = torch.arange(S_k, device=valid.device)[None, :]            # [1, S_k]
+    causal = k_slot <= q_slot                                          # [S, S_k]
+    mask = causal[None] & valid[:, None, :S_k]                           # [B, S, S_k]
     mask = mask | (k_slot == q_slot)[None]
-    return mask[:, None]                                               # [B, 1, S, L]
+    return mask[:, None]                                               # [B, 1, S, S_k]
 
 
 @dataclass

@@ -90,13 +90,13 @@ class MLAttention(nn.Module):
         q = torch.cat([q_nope, q_rope], dim=-1)                           # [B, nh, S, dn+dr]
         if not keep_weights:
             # SDPA's fused CPU/GPU kernels want V as wide as Q and K (dn + dr); with a narrower
-            # V they fall back to the math path, which builds the [S, L] scores of every
+            # V they fall back to the math path, which builds the [S, S_k] scores of every
             # head. Zero columns appended to V change no output column (HF pads the same way
             # for FlashAttention); they are cut off again.
             pad = q.shape[-1] - self.dv
             vp = F.pad(v, (0, pad)) if pad > 0 else v                     # [B, nh, L, dn+dr]
             return _sdpa(q, k, vp, mask, scale=self.scale)[..., :self.dv], None
-        weights = _softmax(q @ k.transpose(-1, -2) * self.scale, mask)   # [B, nh, S, L]
+        weights = _softmax(q @ k.transpose(-1, -2) * self.scale, mask)   # [B, nh, S, S_k]
         return weights @ v, weights
 
     def attend_absorbed(self, q_nope, q_rope, latent, k_rope, mask):
@@ -105,7 +105,7 @@ class MLAttention(nn.Module):
         w_uk, w_uv = self.up_weights()
         q_lat = torch.einsum("bhsd,hdr->bhsr", q_nope, w_uk)             # [B, nh, S, r]
         scores = q_lat @ latent.transpose(-1, -2) + q_rope @ k_rope.transpose(-1, -2)
-        weights = _softmax(scores * self.scale, mask)                     # [B, nh, S, L]
+        weights = _softmax(scores * self.scale, mask)                     # [B, nh, S, S_k]
         ctx = weights @ latent                                            # [B, nh, S, r]
         return torch.einsum("bhsr,hvr->bhsv", ctx, w_uv), weights         # [B, nh, S, dv]
 

@@ -378,12 +378,12 @@ def simulate_routing(num_experts: int = 8, top_k: int = 2, batch_size: int = 1,
 
 
 # ----------------------------------------------------------------------------- CLI
-def demo_moe(source: str = "seed", *, num_experts: int = 8, top_k: int = 2,
+def demo_moe(source: str = "random", *, num_experts: int = 8, top_k: int = 2,
              hidden_size: int = 64, scoring_func: str = "softmax", seed: int = 0,
              layer_idx: int = 1) -> MoE:
     """The MoE the command line distributes: ``"pretrained"`` (layer ``layer_idx`` of the
-    shipped tiny model) or ``"seed"`` (a fresh MoE of the tiny preset's shape with the given
-    ``num_experts``, ``top_k``, ``hidden_size``, ``scoring_func``, weights from ``seed``; the
+    shipped tiny model) or ``"random"`` (a fresh random MoE of the tiny preset's shape with the
+    given ``num_experts``, ``top_k``, ``hidden_size``, ``scoring_func``, weights from ``seed``; the
     sigmoid family also gets a random selection bias and 2 expert groups).
 
     Raises:
@@ -396,8 +396,8 @@ def demo_moe(source: str = "seed", *, num_experts: int = 8, top_k: int = 2,
         if not isinstance(mlp, MoE):
             raise ValueError(f"layer_idx {layer_idx} of the pretrained model is not MoE")
         return mlp.eval()
-    if source != "seed":
-        raise ValueError(f"source must be 'seed' or 'pretrained', got {source!r}")
+    if source != "random":
+        raise ValueError(f"source must be 'random' or 'pretrained', got {source!r}")
     check_top_k(top_k, num_experts)
     extra = dict(n_group=2, topk_group=2 if top_k > num_experts // 2 else 1,
                  routed_scaling_factor=2.5) \
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m tokenflow.parallel.expert_parallel",
                                 description=main.__doc__)
     p.add_argument("--nproc", type=int, default=2, help="processes to spawn (without torchrun)")
-    p.add_argument("--source", choices=("seed", "pretrained"), default="seed")
+    p.add_argument("--source", choices=("random", "pretrained"), default="random")
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--experts", type=int, default=8)
     p.add_argument("--top-k", type=int, default=2)

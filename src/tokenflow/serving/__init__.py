@@ -12,8 +12,8 @@ from .sampler import SampledToken, sample_requests, sample_token
 from .runner import ContiguousRunner, ModelRunner, PaddedRunner, PagedRunner
 from .runner import ContiguousKVStorage, PagedKVStorage, PaddedKVStorage  # noqa: F401 (old names)
 from .engine import LLMEngine, StepRecord
-from .workload import (DECODE, PREFILL, WAIT, RequestTimeline, corpus_lines, mixed_workload,
-                       request_timeline, run_with_arrivals)
+from .workload import (DECODE, PREFILL, WAIT, RequestTimeline, corpus_lines, corpus_next_chars,
+                       mixed_workload, request_timeline, run_with_arrivals)
 
 __all__ = ["Request", "RequestOutput", "RequestStatus", "SamplingParams", "Block",
            "BlockManager", "chain_hash", "ScheduledChunk", "Scheduler", "StepPlan",
@@ -21,4 +21,4 @@ __all__ = ["Request", "RequestOutput", "RequestStatus", "SamplingParams", "Block
            "ContiguousRunner", "PagedRunner", "PaddedRunner", "ModelRunner",
            "LLMEngine", "StepRecord",
            "WAIT", "PREFILL", "DECODE", "RequestTimeline", "request_timeline",
-           "run_with_arrivals", "corpus_lines", "mixed_workload"]
+           "run_with_arrivals", "corpus_lines", "mixed_workload", "corpus_next_chars"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .request import RequestOutput
 
 __all__ = ["WAIT", "PREFILL", "DECODE", "run_with_arrivals", "RequestTimeline",
-           "request_timeline", "corpus_lines", "mixed_workload"]
+           "request_timeline", "corpus_lines", "mixed_workload", "corpus_next_chars"]
 
 WAIT, PREFILL, DECODE = "wait", "prefill", "decode"
 """States of a request in one step: queued or not scheduled / computing prompt tokens (or
@@ -184,3 +184,25 @@ def mixed_workload(tokenizer, num_requests: int = 24, seed: int = 0, max_gap: in
         arrivals.append(t)
         t += rand(0, max_gap)
     return prompts, params, arrivals
+
+
+def corpus_next_chars(text: str) -> set[str]:
+    """The characters that the corpus puts right after ``text``'s cut-off last sentence: ``text``
+    ends with the start of one or more corpus lines (the longest such start, beginning at the
+    start of ``text`` or after a space, as :func:`mixed_workload` joins its lines), and each
+    of those lines goes on with one character. Empty when no corpus line starts that way.
+
+    Raises:
+        TypeError: ``text`` is not a str.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    best, found = 0, set()
+    for line in corpus_lines():
+        for k in range(len(line) - 1, best - 1, -1):
+            if k and text.endswith(line[:k]) and (k == len(text) or text[-k - 1] == " "):
+                if k > best:
+                    best, found = k, set()
+                found.add(line[k])
+                break
+    return found

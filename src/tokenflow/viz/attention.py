@@ -250,14 +250,17 @@ def attention_static(*args, **kw):
 
 
 def kv_cache_scale_table(config, context: int, batch: int, num_key_value_heads: int,
-                         device_memory_bytes: float = 80e9, bytes_per_element: float = 2):
+                         device_memory_bytes: float = 80e9, bytes_per_element: float = 2,
+                         memory_fraction: float = 0.9):
     """A published ``config`` at serving scale, with ``num_key_value_heads`` K/V heads, from
     the cost model: its weights (:func:`~tokenflow.analysis.costmodel.weight_bytes_per_device`)
     and the KV cache of ``batch`` sequences of ``context`` tokens
     (:func:`~tokenflow.analysis.costmodel.kv_cache_bytes`), in GiB and as shares of one
     device of ``device_memory_bytes``; titled with the most such sequences that fit
-    (:func:`~tokenflow.analysis.costmodel.max_batch_size`, 90% of the memory). A
-    :class:`tokenflow.viz.Table`.
+    (:func:`~tokenflow.analysis.costmodel.max_batch_size`: ``memory_fraction`` of the memory is
+    usable, the rest left to activations and overhead). Its last two rows are one sequence's
+    cache and the usable memory, so the title's count is floor((usable - weights) / one
+    sequence). A :class:`tokenflow.viz.Table`.
 
     Raises:
         ValueError: a ``num_key_value_heads`` that does not divide the query heads, and as the
@@ -277,18 +280,22 @@ def kv_cache_scale_table(config, context: int, batch: int, num_key_value_heads: 
     c = dataclasses.replace(config, num_key_value_heads=num_key_value_heads)
     w = weight_bytes_per_device(c, bytes_per_param=bytes_per_element)["total"]
     kv = kv_cache_bytes(c, batch=batch, context_len=context, bytes_per_element=bytes_per_element)
+    one = kv_cache_bytes(c, batch=1, context_len=context, bytes_per_element=bytes_per_element)
     fit = max_batch_size(c, context_len=context, device_memory_bytes=device_memory_bytes,
                          bytes_per_param=bytes_per_element,
-                         kv_bytes_per_element=bytes_per_element)
+                         kv_bytes_per_element=bytes_per_element, memory_fraction=memory_fraction)
     gb = device_memory_bytes / 1e9
+    usable = memory_fraction * device_memory_bytes
     rows = [["weights", w / 2**30, w / device_memory_bytes],
             [f"KV cache, B={batch} x S={context:,}", kv / 2**30, kv / device_memory_bytes],
-            ["together", (w + kv) / 2**30, (w + kv) / device_memory_bytes]]
+            ["together", (w + kv) / 2**30, (w + kv) / device_memory_bytes],
+            [f"KV cache, one sequence of S={context:,}", one / 2**30, one / device_memory_bytes],
+            [f"usable ({memory_fraction:.0%} of {gb:g} GB)", usable / 2**30, memory_fraction]]
     kind = "MHA" if num_key_value_heads == nh else "MQA" if num_key_value_heads == 1 else "GQA"
     return Table(rows, ["", "GiB", f"share of {gb:g} GB"], digits=[0, 1, 2], align="<>>",
                  title=f"{config.name}, {counted(num_key_value_heads, 'KV head')} ({kind}): "
-                       f"at most "
-                       f"{fit} sequences of {context:,} tokens fit one {gb:g} GB device")
+                       f"at most {fit} sequences of {context:,} tokens fit one {gb:g} GB "
+                       f"device: (usable - weights) / one sequence, rounded down")
 
 
 def kv_cache_scale_explorer(config, context=(1024, 2048, 4096, 8192), batch=(1, 8, 32, 128),

@@ -10,7 +10,8 @@ The browser code (``data/model_page_calc.js``) follows the Python definitions fu
 :func:`tokenflow.config.hf_config.parse_hf_config`, :mod:`tokenflow.analysis.costmodel`,
 :func:`tokenflow.analysis.roofline.roofline`. :func:`page_numbers` is what the page shows,
 computed by those Python functions; ``tests/test_model_page.py`` runs the JavaScript under node
-and requires the same values and the same printed text (:func:`fmt_si`, :func:`fmt_time`).
+and requires the same values and the same printed text (:func:`fmt_si`, :func:`fmt_bytes`,
+:func:`fmt_time`).
 
 Against the two public tools that compute such numbers: from LLM-Viewer (Yuan et al. 2024,
 arXiv:2402.16363; its roofline table per layer) the page takes each phase's arithmetic
@@ -174,6 +175,20 @@ def fmt_si(x: float, unit: str = "") -> str:
     return f"{_sig3(x)} {unit}"
 
 
+_BINARY = ((2**50, "PiB"), (2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
+
+
+def fmt_bytes(x: float) -> str:
+    """Bytes as the page prints them: 3 significant digits and a binary unit, as the rest of
+    the book (``70272 -> "68.6 KiB"``, ``80e9 -> "74.5 GiB"``); rounding as :func:`fmt_si`."""
+    if x == 0:
+        return "0 B"
+    for scale, u in _BINARY:
+        if abs(x) >= scale * 0.9995:
+            return f"{_sig3(x / scale)} {u}"
+    return f"{_sig3(x)} B"
+
+
 def fmt_time(s: float) -> str:
     """Seconds as the page prints them: ``s``, ``ms`` or ``µs`` with 3 significant digits."""
     if s == 0:
@@ -262,13 +277,13 @@ class ModelPage:
                              d["tp"], d["ep"])
             names = {"scale_out": "InfiniBand", "scale_up": "NVLink"}
             rows[1:1] = [["block: attention + KV", "KV bytes per token",
-                          fmt_si(r["kv_bytes_per_token"], "B")]]
+                          fmt_bytes(r["kv_bytes_per_token"])]]
             rows += [["whole model", "parameters total / active per token",
                       f"{fmt_si(r['params_total'])} / {fmt_si(r['params_active'])}"],
                      ["pipeline: KV cache", f"{d['batch']} x {d['context']:,} tokens per GPU",
-                      fmt_si(r["kv_cache"], "B")],
+                      fmt_bytes(r["kv_cache"])],
                      ["per GPU", "weights + KV / memory for them",
-                      f"{fmt_si(r['memory_used'], 'B')} / {fmt_si(r['memory_budget'], 'B')}"]]
+                      f"{fmt_bytes(r['memory_used'])} / {fmt_bytes(r['memory_budget'])}"]]
             rows += [[f"pipeline: {ph if ph == 'prefill' else 'decode loop'}",
                       "roofline tokens/s per GPU, binding",
                       f"{fmt_si(r[ph + '_tokens_per_s'], 'tok/s')}, "

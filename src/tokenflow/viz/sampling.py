@@ -89,8 +89,8 @@ def temperature_curves(logits, token_ids: list[int], names: list[str],
         ax.plot(temperatures, probs[:, j].tolist(), color=color, lw=2 if j == 0 else 1.2,
                 alpha=1.0 if j == 0 else max(0.35, 1 - 0.2 * j), label=name)
     ax.axvline(1.0, color="0.5", lw=0.8, ls="--")
-    ax.text(1.02, 0.97, "T = 1 (the model's own\nprobabilities)", fontsize=MIN_FONT_PT, va="top",
-            transform=ax.get_xaxis_transform())
+    ax.text(1.02, 0.97, "temperature 1 (the model's\nown probabilities)", fontsize=MIN_FONT_PT,
+            va="top", transform=ax.get_xaxis_transform())
     ax.set_xlabel("temperature T (logits / T before softmax)")
     if log:
         ax.set_yscale("log")
@@ -197,12 +197,12 @@ def sampling_panel(logits, tokenizer, temperature: float = 1.0, top_k: int | Non
     if chosen not in top:               # the drawn token always gets a (green) bar: last place
         top = top[:-1] + [chosen]
     names = [tokenizer.id_to_token(i) for i in top]
-    title = f"T={temperature}, top-k={top_k}, top-p={top_p}, min-p={min_p}"
+    title = f"temperature={temperature}, top-k={top_k}, top-p={top_p}, min-p={min_p}"
     if quiet:
         title += (f": {int(kept.sum())} of {kept.numel()} kept, "
                   f"drawn {tokenizer.id_to_token(chosen)}")
     else:
-        print(tr(f"T={temperature}, top_k={top_k}, top_p={top_p}, min_p={min_p}: "
+        print(tr(f"temperature={temperature}, top_k={top_k}, top_p={top_p}, min_p={min_p}: "
                  f"{int(kept.sum())} of {kept.numel()} tokens kept") + "\n  "
               + tr(f"they held {float(before[kept].sum()):.3f} of the probability; "
                    f"drawn (seed {seed}): {tokenizer.id_to_token(chosen)}"))
