@@ -638,3 +638,41 @@ def model_page_in_book(tab, base: str, path: str) -> dict:
 def test_chapter_7_opens_on_the_model_page(tab, server):
     shown = model_page_in_book(tab, server, "notebooks/07_simulator_lenses.html")
     assert shown["decode_binding"] in ("memory", "compute", "InfiniBand", "NVLink")
+
+
+# Each figure box of a page (scripts/book_html.py FIGURE_JS) as drawn: whether its content is
+# wider than the box (measured here, not read from the class the script sets), whether the hint
+# after it is drawn, and the image's natural width (its --tf-figure-width) and shown width.
+FIGURE_BOXES_JS = """() => [...document.querySelectorAll('.bd-article .tf-figure')]
+  .filter(b => b.getClientRects().length > 0)
+  .map(b => { const h = b.nextElementSibling, img = b.querySelector('img');
+    return {scrolls: b.scrollWidth - b.clientWidth > 1,
+            hint: !!h && h.classList.contains('tf-figure-hint') && h.checkVisibility(),
+            natural: parseFloat(img.style.width) || +img.getAttribute('width'),
+            shown: img.getBoundingClientRect().width,
+            explorer: img.closest('.tf-out') !== null}; })"""
+
+SETTLED = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+
+
+@pytest.mark.parametrize("path", ["notebooks/03_ffn_moe.html"])
+def test_the_scroll_hint_shows_under_a_figure_only_while_it_scrolls(tab, server, path):
+    """At 1280 px no figure box scrolls and no hint is drawn; at 390 px (a phone) some boxes
+    scroll sideways, exactly those show the hint, the page itself does not scroll, and
+    back at 1280 px the hints are gone again."""
+    page, log = tab.open(server, path)
+    page.evaluate(SETTLED)
+    desk = page.evaluate(FIGURE_BOXES_JS)
+    page.set_viewport_size({"width": 390, "height": 900})
+    page.evaluate(SETTLED)
+    phone = page.evaluate(FIGURE_BOXES_JS)
+    overflow = page.evaluate("() => document.scrollingElement.scrollWidth - innerWidth")
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.evaluate(SETTLED)
+    back = page.evaluate(FIGURE_BOXES_JS)
+    assert any(not b["explorer"] for b in desk) and any(b["explorer"] for b in desk), desk
+    assert not any(b["scrolls"] or b["hint"] for b in desk + back), desk + back
+    assert any(b["scrolls"] for b in phone), phone
+    assert [b["hint"] for b in phone] == [b["scrolls"] for b in phone], phone
+    assert all(b["shown"] < b["natural"] + 1 for b in phone), phone   # never above natural
+    assert overflow <= 1, overflow

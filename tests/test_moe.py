@@ -476,3 +476,69 @@ def test_train_masks_the_router_statistics_of_its_right_padding(monkeypatch, tmp
     train(steps=1, batch_size=8, out_dir=tmp_path, progress=False)
     assert seen and all(m is not None for m in seen)
     assert all(m is not None and not bool(m.all()) for m in calls)   # it has padding
+
+
+# ------------------------------------------------------------- entry-point checks, by hand
+def test_route_rejects_groups_that_do_not_divide_the_experts():
+    """6 experts cannot be split into 4 equal groups: ``route`` says so (a ValueError naming
+    ``n_group``), whatever ``topk_group`` allows."""
+    x, weight = torch.randn(2, 8), torch.randn(6, 8)
+    for n_group, topk_group in [(4, 4), (4, 2), (5, 5)]:
+        with pytest.raises(ValueError, match="n_group .* must be >= 1 and divide"):
+            route(x, weight, 1, n_group=n_group, topk_group=topk_group)
+    route(x, weight, 1, n_group=3, topk_group=3)                     # 3 groups of 2: fine
+
+
+def test_dispatch_rejects_an_index_just_outside_the_experts():
+    """The first index past the last expert (``num_experts`` itself) and -1 are refused;
+    the last expert, ``num_experts - 1``, is fine."""
+    x, w = torch.randn(2, 4), torch.ones(2, 2)
+    for bad in (4, -1):
+        with pytest.raises(ValueError, match=r"indices must be in \[0, num_experts=4\)"):
+            dispatch(x, torch.tensor([[0, 1], [2, bad]]), w, 4)
+    d = dispatch(x, torch.tensor([[0, 3], [3, 1]]), w, 4)
+    assert d.counts.tolist() == [1, 1, 0, 2]
+
+
+def test_dispatch_keeps_token_order_within_each_expert():
+    """Dispatch groups the pairs by expert and keeps them in token order within an expert
+    (a stable grouping): for many tokens, each expert's block lists its tokens increasing,
+    and each token's K pairs are the experts it chose."""
+    g = torch.Generator().manual_seed(0)
+    T, K, E = 200, 2, 4
+    scores = torch.rand(T, E, generator=g)
+    idx = scores.argsort(dim=-1, descending=True)[:, :K]            # K distinct experts a token
+    d = dispatch(torch.randn(T, 3, generator=g), idx, torch.rand(T, K, generator=g), E)
+    for e in range(E):
+        tokens = d.token[d.expert == e]
+        assert torch.all(tokens[1:] > tokens[:-1]), e
+        assert tokens.tolist() == [t for t in range(T) if e in idx[t].tolist()], e
+
+
+def test_run_experts_and_combine_check_their_row_counts():
+    """``run_experts`` wants one count per expert and ``combine`` exactly one row per pair."""
+    experts = [torch.nn.Identity()] * 2
+    with pytest.raises(ValueError, match=r"one entry per expert \(2\), got 1"):
+        run_experts(experts, torch.randn(3, 4), [3])
+    with pytest.raises(ValueError, match=r"one entry per expert \(2\), got 3"):
+        run_experts(experts, torch.randn(3, 4), [1, 1, 1])
+    x = torch.randn(3, 4)
+    d = dispatch(x, torch.tensor([[0, 1], [1, 0], [0, 1]]), torch.full((3, 2), 0.5), 2)
+    for rows in (5, 7):
+        with pytest.raises(ValueError, match=r"expert_out must have shape \[P=6, H\]"):
+            combine(torch.randn(rows, 4), d)
+    torch.testing.assert_close(combine(run_experts(experts, d.hidden, d.counts), d), x)
+
+
+def test_switch_balance_loss_by_hand():
+    """``E * sum_e f_e * P_e`` with ``f_e`` the share of the T*K assignments (Switch
+    Transformer eq. 4): 1.0 when balanced, for any K; worked by hand for E = 2."""
+    from tokenflow.model.moe import switch_balance_loss
+    logits = torch.tensor([[math.log(3.0), 0.0]] * 2)                # P = [0.75, 0.25]
+    one = torch.tensor([[0], [0]])                                   # K = 1, both to expert 0
+    torch.testing.assert_close(switch_balance_loss(logits, one, 2), torch.tensor(1.5))
+    both = torch.tensor([[0, 1], [1, 0]])                            # K = 2: f = [1/2, 1/2]
+    torch.testing.assert_close(switch_balance_loss(logits, both, 2), torch.tensor(1.0))
+    uniform = torch.zeros(4, 4)                                      # K = 2, E = 4, balanced
+    pairs = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2]])
+    torch.testing.assert_close(switch_balance_loss(uniform, pairs, 4), torch.tensor(1.0))

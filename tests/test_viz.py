@@ -89,6 +89,19 @@ def test_table_fits_90_columns_by_narrowing_the_gap():
     assert max(_cols(line) for line in text.splitlines()) <= 90   # 6*14 + 5 = 89
 
 
+def test_a_table_exactly_as_wide_as_the_page_is_not_folded():
+    """One space between columns fits a table of exactly ``max_width`` columns on one part:
+    here 5*14 + 15 + 5 spaces = 90; one more column of width (91) folds it."""
+    for last, parts in ((15, 1), (16, 2)):
+        rows = [["x" * 14] * 5 + ["y" * last]]
+        lines = Table(rows, [f"h{i}" for i in range(6)]).to_text().splitlines()
+        assert all(_cols(line) <= 90 for line in lines), lines
+        assert len(_parts("\n".join(lines))) == parts, lines
+        if parts == 1:
+            assert len(lines) == 3 and _cols(lines[2]) == 90 and lines[0].split() == [
+                f"h{i}" for i in range(6)]
+
+
 def _parts(text: str) -> list[list[str]]:
     """A folded table's parts: runs of lines separated by a blank line."""
     return [part.splitlines() for part in text.split("\n\n")]
@@ -498,3 +511,49 @@ def test_viz_all_is_every_public_name_its_modules_define():
         assert not missing, f"tokenflow.viz does not export {path.stem}'s {missing}"
         assert all(getattr(viz, n) is getattr(mod, n) for n in defined), path.stem
     assert chapters == 14
+
+
+def test_fold_cuts_an_unbreakable_chinese_piece_by_display_width():
+    """A list entry (never broken inside) wider than the line is cut where the next
+    character would pass ``width`` columns, a Chinese character counting two; so is an
+    explorer's long Chinese title."""
+    from tokenflow.viz.fmt import fold
+    text = "北京是中国的首都" * 3                                          # 48 columns
+    lines = fold([text, "ok"], 20)
+    assert [_cols(line) for line in lines] == [20, 20, 8 + 3], lines
+    assert "".join(lines) == text + " ok"
+    title = "混合专家路由的每个专家收到的词元数与通信量，按专家数与每个词元的专家数分别列出" * 2
+    lines = repr(_explorer(title=title)).splitlines()
+    assert all(_cols(line) <= 90 for line in lines), [(_cols(ln), ln) for ln in lines]
+    assert "".join(line.strip() for line in lines).startswith(title + ":")
+
+
+def test_table_keys_must_name_at_least_one_column():
+    """``keys`` counts the leading columns that name a row: 1 to the number of columns."""
+    for keys in (0, -1, 3, True, 1.0):
+        with pytest.raises(ValueError, match=r"keys must be an int in 1\.\.2"):
+            Table([[1, 2]], ["a", "b"], keys=keys)
+    assert Table([[1, 2]], ["a", "b"], keys=2).keys == 2
+
+
+def test_a_table_exactly_page_wide_with_two_spaces_keeps_them():
+    """Two spaces between columns are kept while the table is at most ``max_width`` wide:
+    5*14 + 10 + 5 gaps of 2 = 90 columns; at 91 the gaps narrow to one space."""
+    for last, gap in ((10, "  "), (11, " ")):
+        rows = [["x" * 14] * 5 + ["y" * last]]
+        lines = Table(rows, [f"h{i}" for i in range(6)]).to_text().splitlines()
+        assert lines[2] == gap.join(["x" * 14] * 5 + ["y" * last]), lines
+        assert len(lines) == 3 and all(_cols(line) <= 90 for line in lines)
+
+
+def test_a_record_starts_with_its_first_column_even_when_empty():
+    """Written as records, every row opens with its first column's line (flush left), so a
+    row with an empty first cell still shows where it begins; its other empty cells are left
+    out."""
+    long = "reference counts and prefix-cache keys, " * 4
+    rows = [["block_pool.py", long.strip(), "x"], ["", "the free list", ""]]
+    lines = Table(rows, ["file", "what it does", "note"]).to_text().splitlines()
+    assert all(_cols(line) <= 90 for line in lines), lines
+    starts = [i for i, line in enumerate(lines) if not line.startswith(" ")]
+    assert [lines[i].split(":")[0] for i in starts] == ["file", "file"], lines
+    assert lines[starts[1] + 1:] == ["  what it does: the free list"], lines
